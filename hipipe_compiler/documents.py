@@ -1,0 +1,121 @@
+"""Reading YAML/JSON input files and checking them against our JSON schemas.
+
+Every input document goes through here so that every bad file gets the same kind of
+message: one line naming the file, the field and what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from .errors import InputError
+from .resources import load_json_schema
+
+MAX_DOCUMENT_BYTES = 64 << 20
+
+
+def load_document(path: str | Path) -> Any:
+    """Parse a YAML or JSON file (JSON is chosen by the .json suffix, YAML otherwise)."""
+    path = Path(path)
+    source = str(path)
+    try:
+        if path.stat().st_size > MAX_DOCUMENT_BYTES:
+            raise InputError(source, None, f"file is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
+        text = path.read_text(encoding="utf-8")
+    except InputError:
+        raise
+    except UnicodeDecodeError:
+        raise InputError(source, None, "expected UTF-8 text") from None
+    except OSError as exc:
+        raise InputError(source, None, f"cannot read file: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(source, None, f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "could not be parsed"
+        raise InputError(source, None, f"malformed YAML{where}: {problem}") from None
+
+
+def _field_name(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _expected(error: jsonschema.ValidationError) -> str:
+    v, schema, inst = error.validator, error.schema, error.instance
+    kind = schema.get("type", "number")
+    noun = "an integer" if kind == "integer" else ("a number" if kind == "number" else "a value")
+    if v == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else error.message
+        return f"missing field {missing!r}"
+    if v == "type":
+        want = schema["type"]
+        want = " or ".join(want) if isinstance(want, list) else want
+        article = "an" if str(want)[0] in "aeiou" else "a"
+        return f"expected {article} {want}, got {_describe(inst)}"
+    if v == "minimum":
+        return f"expected {noun} >= {schema['minimum']}, got {_describe(inst)}"
+    if v == "maximum":
+        return f"expected {noun} <= {schema['maximum']}, got {_describe(inst)}"
+    if v == "exclusiveMinimum":
+        return f"expected {noun} > {schema['exclusiveMinimum']}, got {_describe(inst)}"
+    if v == "exclusiveMaximum":
+        return f"expected {noun} < {schema['exclusiveMaximum']}, got {_describe(inst)}"
+    if v == "enum":
+        return f"expected one of {', '.join(map(str, schema['enum']))}, got {_describe(inst)}"
+    if v == "const":
+        return f"expected {schema['const']!r}, got {_describe(inst)}"
+    if v == "additionalProperties":
+        allowed = ", ".join(sorted(schema.get("properties", {})))
+        extra = sorted(set(inst) - set(schema.get("properties", {})))
+        return f"unknown field {', '.join(map(repr, extra))}; expected only {allowed}"
+    if v in ("minItems", "maxItems"):
+        bound = schema[v]
+        return f"expected {'at least' if v == 'minItems' else 'at most'} {bound} item(s), got {len(inst)}"
+    if v in ("minLength", "maxLength"):
+        return f"expected a string of {'at least' if v == 'minLength' else 'at most'} {schema[v]} characters"
+    if v == "pattern":
+        return f"expected text matching {schema['pattern']}, got {_describe(inst)}"
+    if v == "uniqueItems":
+        return "expected unique items"
+    return error.message
+
+
+def validate_document(data: Any, schema_name: str, source: str | None) -> None:
+    """Raise InputError for the first schema violation, in document order."""
+    schema = load_json_schema(schema_name)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = list(validator.iter_errors(data))
+    if not errors:
+        return
+
+    def key(e: jsonschema.ValidationError) -> tuple[Any, ...]:
+        return (len(e.absolute_path) == 0 and e.validator != "required", [str(p) for p in e.absolute_path], e.validator != "required")
+
+    error = min(errors, key=key)
+    while error.context:
+        error = min(error.context, key=key)
+    field = _field_name(error.absolute_path)
+    if error.validator == "required" and "'" in error.message:
+        missing = error.message.split("'")[1]
+        field = f"{field}.{missing}" if error.absolute_path else missing
+        raise InputError(source, field, "missing; this field is required")
+    raise InputError(source, field, _expected(error))

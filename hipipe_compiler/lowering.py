@@ -1,0 +1,668 @@
+"""Lowering: Plan -> Program (per-rank threadblocks of send/recv/reduce steps).
+
+The passes, in order:
+1. generate: every rank's operations in one logical order (the plan's schedule), each on a
+   *role* (a logical threadblock: an axis, a lane, and a ring direction or a peer offset);
+2. dependencies: per rank, which earlier operation each one must wait for, found by
+   tracking every chunk slot's last writer and readers (input and output are aliased so the
+   program is correct in place and out of place);
+3. segmentation: roles longer than the step limit are cut, at the same message on every
+   rank, into several threadblocks on successive channels;
+4. fusion: a receive followed by a send of the same data becomes rrs/rcs/rrcs;
+5. emission: dependencies pruned with vector clocks, extra ones carried by nops, then the
+   Program with channel and threadblock numbers.
+
+>>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.plan import hierarchical_plan
+>>> program = lower(hierarchical_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
+>>> program.ngpus, program.nchunksperloop, program.max_steps <= 64
+(16, 16, True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from .errors import PlanError
+from .plan import Plan, Stage, check_plan
+from .program import Gpu, Program, Step, Threadblock, buffer_chunks
+from .runtime import Limits, piece_count
+from .topology import Topology
+
+
+# -- axes and the cell layout -----------------------------------------------------------------
+
+
+class _Axis:
+    """A group structure: every rank has a position on the axis and a group of `size` ranks."""
+
+    def __init__(self, topology: Topology, flat: bool, index: int) -> None:
+        self.topology = topology
+        self.flat = flat
+        self.index = index
+        if flat:
+            self.cycle = topology.ring_order()
+            self.position = {r: i for i, r in enumerate(self.cycle)}
+            self.size = topology.nranks
+        else:
+            self.size = topology.dimensions[index].size
+
+    def pos(self, rank: int) -> int:
+        return self.position[rank] if self.flat else self.topology.coord(rank, self.index)
+
+    def member(self, rank: int, pos: int) -> int:
+        pos %= self.size
+        if self.flat:
+            return self.cycle[pos]
+        return self.topology.shift(rank, self.index, pos - self.topology.coord(rank, self.index))
+
+
+class _Cells:
+    """Which base chunks hold the cells of which final owners (the data layout)."""
+
+    def __init__(self, plan: Plan, axes: list[_Axis]) -> None:
+        self.plan = plan
+        self.axes = axes
+        self.n = plan.topology.nranks
+        self.offsets = []
+        acc = 0
+        for c in plan.chunks:
+            self.offsets.append(acc)
+            acc += c.units
+        self.block_units = acc  # cells per rank: B
+        self.block = lru_cache(maxsize=None)(self._block)
+
+    def _block(self, k: int, depth: int, prefix: tuple[int, ...], v: int) -> tuple[tuple[int, int], ...]:
+        """Ranges (start, length) holding the cells of owners that match `prefix` on the chunk's
+        first `depth` axes and sit at position v on axis order[depth]."""
+        chunk = self.plan.chunks[k]
+        order = chunk.order
+        if self.plan.collective == "allreduce":
+            sizes = [self.axes[a].size for a in order]
+            weights = [math.prod(sizes[i + 1:]) for i in range(len(sizes))]
+            start = self.n * self.offsets[k] + chunk.units * (
+                sum(p * w for p, w in zip(prefix, weights)) + v * weights[depth])
+            return ((start, chunk.units * weights[depth]),)
+        owners = self._owners(order, depth, prefix, v)
+        ranges: list[list[int]] = []
+        for r in owners:
+            start = r * self.block_units + self.offsets[k]
+            if ranges and ranges[-1][0] + ranges[-1][1] == start:
+                ranges[-1][1] += chunk.units
+            else:
+                ranges.append([start, chunk.units])
+        return tuple((s, l) for s, l in ranges)
+
+    def _owners(self, order: tuple[int, ...], depth: int, prefix: tuple[int, ...], v: int) -> list[int]:
+        if self.plan.flat:
+            return [self.axes[0].member(0, v)]
+        topo = self.plan.topology
+        fixed = {order[i]: prefix[i] for i in range(depth)}
+        fixed[order[depth]] = v
+        owners = [0]
+        for d, dim in enumerate(topo.dimensions):
+            stride = topo._strides[d]
+            values = [fixed[d]] if d in fixed else range(dim.size)
+            owners = [o + c * stride for o in owners for c in values]
+        return sorted(owners)
+
+
+# -- operations -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Op:
+    role: int
+    tick: tuple[int, int, int]  # (event, piece, round): equal on both ends of a message
+    type: str  # s, r, rrc, cpy
+    src: tuple[str, int] | None
+    dst: tuple[str, int] | None
+    cnt: int
+    fuse: bool = False  # a receive whose data the role's next operation sends on
+    dead: bool = False  # the receive's local write is read by nothing but that send
+
+
+@dataclass(frozen=True)
+class _Role:
+    axis: int  # -1 for local work
+    lane: int
+    algorithm: str  # ring, direct, local
+    offset: int  # ring direction, or peer offset for direct
+    side: str  # both, send, recv, local
+
+    def peers(self, axis: _Axis | None, rank: int) -> tuple[int, int]:
+        if axis is None:
+            return -1, -1
+        p = axis.pos(rank)
+        if self.algorithm == "ring":
+            send, recv = axis.member(rank, p + self.offset), axis.member(rank, p - self.offset)
+        else:
+            send = recv = axis.member(rank, p + self.offset)
+        if self.side == "send":
+            recv = -1
+        elif self.side == "recv":
+            send = -1
+        return send, recv
+
+
+class _Generator:
+    """Builds every rank's logical operation list for a plan."""
+
+    def __init__(self, plan: Plan, limits: Limits) -> None:
+        self.plan = plan
+        self.limits = limits
+        self.topology = plan.topology
+        self.axes = [_Axis(plan.topology, plan.flat, a) for a in range(plan.naxes)]
+        self.cells = _Cells(plan, self.axes)
+        self.roles: list[_Role] = []
+        self.role_index: dict[_Role, int] = {}
+        self.nch = plan.nchunksperloop
+        self.ring_pieces = piece_count(plan.protocol, plan.max_bytes, self.nch, ring=True)
+        self.direct_pieces = piece_count(plan.protocol, plan.max_bytes, self.nch, ring=False)
+        self.events = plan.events()
+        self.ndepth = plan.naxes
+
+    def role(self, axis: int, lane: int, algorithm: str, offset: int, side: str) -> int:
+        key = _Role(axis, lane, algorithm, offset, side)
+        if key not in self.role_index:
+            self.role_index[key] = len(self.roles)
+            self.roles.append(key)
+        return self.role_index[key]
+
+    # locations of the data a stage reads and writes, as buffer names
+    def rs_input(self, depth: int) -> str:
+        if depth == 0:
+            return "i"
+        return "o" if self.plan.collective == "allreduce" else "s"
+
+    def rs_landing(self) -> str:
+        return "o" if self.plan.collective == "allreduce" else "s"
+
+    def rs_owned(self, depth: int) -> str:
+        if self.plan.collective == "allreduce" or depth == self.ndepth - 1:
+            return "o"
+        return "s"
+
+    def ag_source(self, depth: int) -> str:
+        if self.plan.collective == "allgather" and depth == self.ndepth - 1:
+            return "i"
+        return "o"
+
+    def pieces(self, ranges: tuple[tuple[int, int], ...], fused: bool, ring: bool) -> list[tuple[int, int]]:
+        size = (self.ring_pieces if ring else self.direct_pieces) if fused else self.limits.max_count
+        out = []
+        for start, length in ranges:
+            for off in range(0, length, size):
+                out.append((start + off, min(size, length - off)))
+        return out
+
+    def generate(self, rank: int) -> list[_Op]:
+        ops: list[_Op] = []
+        plan = self.plan
+        if plan.collective == "allgather":
+            b = self.cells.block_units
+            local = self.role(-1, 0, "local", 0, "local")
+            for off in range(0, b, self.limits.max_count):
+                cnt = min(self.limits.max_count, b - off)
+                ops.append(_Op(local, (-1, 0, 0), "cpy", ("i", rank * b + off), ("o", rank * b + off), cnt))
+        for e, (k, j) in enumerate(self.events):
+            stage = plan.stages(k)[j]
+            self._stage(ops, rank, e, k, stage)
+        return ops
+
+    def _stage(self, ops: list[_Op], x: int, e: int, k: int, st: Stage) -> None:
+        plan = self.plan
+        chunk = plan.chunks[k]
+        axis = self.axes[st.axis]
+        n, p = axis.size, axis.pos(x)
+        prefix = tuple(self.axes[a].pos(x) for a in chunk.order[: st.depth])
+        fused = plan.layouts[st.axis] == "fused"
+        alg = plan.algorithms[st.axis] if n > 2 else "direct"
+        blocks = [self.pieces(self.cells.block(k, st.depth, prefix, v), fused, alg == "ring") for v in range(n)]
+        lane = chunk.lane
+        if alg == "ring":
+            d = chunk.direction
+            both = self.role(st.axis, lane, "ring", d, "both") if fused else None
+            rs_send = both if fused else self.role(st.axis, lane, "ring", d, "send")
+            rs_recv = both if fused else self.role(st.axis, lane, "ring", d, "recv")
+            for i in range(len(blocks[p])):
+                rnd = 0
+                if st.kind in ("rs", "ar"):
+                    rnd = self._ring_rs(ops, e, i, n, p, d, blocks, st, rs_send, rs_recv)
+                if st.kind in ("ag", "ar"):
+                    self._ring_ag(ops, e, i, n, p, d, blocks, st, rs_send, rs_recv, rnd)
+        else:
+            if fused:
+                send_roles = recv_roles = [self.role(st.axis, lane, "direct", delta, "both") for delta in range(1, n)]
+            else:
+                send_roles = [self.role(st.axis, lane, "direct", delta, "send") for delta in range(1, n)]
+                recv_roles = [self.role(st.axis, lane, "direct", delta, "recv") for delta in range(1, n)]
+            for i in range(len(blocks[p])):
+                if st.kind in ("rs", "ar"):
+                    inp, own = self.rs_input(st.depth), self.rs_owned(st.depth)
+                    for delta in range(1, n):
+                        start, cnt = blocks[(p + delta) % n][i]
+                        ops.append(_Op(send_roles[delta - 1], (e, i, 0), "s", (inp, start), None, cnt))
+                        if fused:
+                            start, cnt = blocks[p][i]
+                            local = inp if delta == 1 else own
+                            ops.append(_Op(recv_roles[delta - 1], (e, i, 0), "rrc", (local, start), (own, start), cnt))
+                    if not fused:
+                        for delta in range(1, n):
+                            start, cnt = blocks[p][i]
+                            local = inp if delta == 1 else own
+                            ops.append(_Op(recv_roles[delta - 1], (e, i, 0), "rrc", (local, start), (own, start), cnt))
+                if st.kind in ("ag", "ar"):
+                    rnd = 1 if st.kind == "ar" else 0
+                    src = "o" if st.kind == "ar" else self.ag_source(st.depth)
+                    for delta in range(1, n):
+                        start, cnt = blocks[p][i]
+                        ops.append(_Op(send_roles[delta - 1], (e, i, rnd), "s", (src, start), None, cnt))
+                        if fused:
+                            start, cnt = blocks[(p + delta) % n][i]
+                            ops.append(_Op(recv_roles[delta - 1], (e, i, rnd), "r", None, ("o", start), cnt))
+                    if not fused:
+                        for delta in range(1, n):
+                            start, cnt = blocks[(p + delta) % n][i]
+                            ops.append(_Op(recv_roles[delta - 1], (e, i, rnd), "r", None, ("o", start), cnt))
+
+    def _ring_rs(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
+                 send_role: int, recv_role: int) -> int:
+        inp, land, own = self.rs_input(st.depth), self.rs_landing(), self.rs_owned(st.depth)
+        start, cnt = blocks[(p - d) % n][i]
+        ops.append(_Op(send_role, (e, i, 0), "s", (inp, start), None, cnt))
+        for t in range(n - 1):
+            start, cnt = blocks[(p - d * (t + 2)) % n][i]
+            last = t == n - 2
+            fuse = not last or st.kind == "ar"
+            ops.append(_Op(recv_role, (e, i, t), "rrc", (inp, start), (own if last else land, start), cnt,
+                           fuse=fuse, dead=not last))
+            if not last:
+                ops.append(_Op(send_role, (e, i, t + 1), "s", (land, start), None, cnt))
+        return n - 1
+
+    def _ring_ag(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
+                 send_role: int, recv_role: int, r0: int) -> None:
+        src = "o" if st.kind == "ar" else self.ag_source(st.depth)
+        start, cnt = blocks[p][i]
+        ops.append(_Op(send_role, (e, i, r0), "s", (src, start), None, cnt))
+        for t in range(n - 1):
+            start, cnt = blocks[(p - d * (t + 1)) % n][i]
+            last = t == n - 2
+            ops.append(_Op(recv_role, (e, i, r0 + t), "r", None, ("o", start), cnt, fuse=not last))
+            if not last:
+                ops.append(_Op(send_role, (e, i, r0 + t + 1), "s", ("o", start), None, cnt))
+
+
+# -- slots, aliasing and raw dependencies -------------------------------------------------------
+
+
+def _slot_mapper(plan: Plan, rank: int) -> tuple[Callable[[str, int], int], Callable[[str, int], int], int]:
+    """(slot of a logical location, buffer offset of a logical location, number of slots)."""
+    nch = plan.nchunksperloop
+    b = plan.units
+    coll = plan.collective
+
+    def slot(buf: str, y: int) -> int:
+        return nch + y if buf == "s" else y
+
+    if coll == "reducescatter":
+        def offset(buf: str, y: int) -> int:
+            return y - rank * b if buf == "o" else y
+    elif coll == "allgather":
+        def offset(buf: str, y: int) -> int:
+            return y - rank * b if buf == "i" else y
+    else:
+        def offset(buf: str, y: int) -> int:
+            return y
+    return slot, offset, 2 * nch
+
+
+def _raw_dependencies(plan: Plan, ops: list[_Op], nroles: int) -> list[list[int]]:
+    """For each op, the earlier ops (any role) it must wait for, by slot reads and writes."""
+    slot, _offset, nslots = _slot_mapper(plan, 0)
+    last_writer = np.full(nslots, -1, dtype=np.int64)
+    last_read = np.full((nslots, nroles), -1, dtype=np.int64)
+    deps: list[list[int]] = []
+    for idx, op in enumerate(ops):
+        found: set[int] = set()
+        reads = op.type in ("s", "rrc", "cpy")
+        writes = op.type in ("r", "rrc", "cpy")
+        if reads:
+            a = slot(*op.src)  # type: ignore[misc]
+            w = last_writer[a:a + op.cnt]
+            found.update(int(v) for v in np.unique(w) if v >= 0)
+        if writes:
+            a = slot(*op.dst)  # type: ignore[misc]
+            w = last_writer[a:a + op.cnt]
+            found.update(int(v) for v in np.unique(w) if v >= 0)
+            rd = last_read[a:a + op.cnt].max(axis=0)
+            found.update(int(v) for v in rd if v >= 0)
+        if reads:
+            a = slot(*op.src)  # type: ignore[misc]
+            last_read[a:a + op.cnt, op.role] = idx
+        if writes:
+            a = slot(*op.dst)  # type: ignore[misc]
+            last_writer[a:a + op.cnt] = idx
+            last_read[a:a + op.cnt] = -1
+        found.discard(idx)
+        deps.append(sorted(found))
+    return deps
+
+
+# -- segmentation -----------------------------------------------------------------------------
+
+
+def _segment_cuts(gen: _Generator, per_rank_ops: list[list[_Op]], budgets: dict[tuple[int, int], int],
+                  extra_steps: list[list[int]]) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
+    """For each (axis, lane): the ticks at which a new threadblock segment starts."""
+    groups: dict[tuple[int, int], dict[tuple[int, int, int], dict[tuple[int, int], int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
+    for rank, ops in enumerate(per_rank_ops):
+        prev_fuse: dict[int, bool] = {}
+        for idx, op in enumerate(ops):
+            role = gen.roles[op.role]
+            if role.axis < 0:
+                continue
+            steps = 1 + extra_steps[rank][idx]
+            if op.type == "s" and prev_fuse.get(op.role):
+                steps = extra_steps[rank][idx]  # fuses with the receive before it
+            prev_fuse[op.role] = op.fuse
+            groups[(role.axis, role.lane)][op.tick][(rank, op.role)] += steps
+    cuts: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for key, ticks in groups.items():
+        budget = budgets.get(key, gen.limits.max_steps)
+        order = sorted(ticks)
+        acc: dict[tuple[int, int], int] = defaultdict(int)
+        seg_start = order[0]
+        last_event_start = order[0]
+        out: list[tuple[int, int, int]] = []
+        for t in order:
+            if t[0] != last_event_start[0]:
+                last_event_start = t
+            counts = ticks[t]
+            if any(acc[rr] + c > budget for rr, c in counts.items()) and t != seg_start:
+                cut = last_event_start if last_event_start > seg_start and last_event_start <= t else t
+                out.append(cut)
+                seg_start = cut
+                acc = defaultdict(int)
+                for t2 in order:
+                    if cut <= t2 < t:
+                        for rr, c in ticks[t2].items():
+                            acc[rr] += c
+            for rr, c in counts.items():
+                acc[rr] += c
+        cuts[key] = out
+    return cuts
+
+
+# -- emission ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Unit:
+    """A step-to-be: one op, or a receive fused with the send after it."""
+
+    ops: list[int]
+    tb: int
+    pos: int
+    type: str
+    src: tuple[str, int] | None
+    dst: tuple[str, int] | None
+    cnt: int
+
+
+def lower(plan: Plan, limits: Limits = Limits()) -> Program:
+    """Lower a plan to a Program within the runtime limits, or raise PlanError saying why not."""
+    check_plan(plan)
+    if plan.nchunksperloop > limits.max_offset + 1:
+        raise PlanError(
+            f"the plan needs {plan.nchunksperloop} chunks per loop ({plan.units} per rank x {plan.topology.nranks} ranks); "
+            f"chunk offsets are stored as int16 by the runtime, so at most {limits.max_offset + 1}; use fewer or smaller chunks")
+    gen = _Generator(plan, limits)
+    per_rank_ops = [gen.generate(r) for r in range(plan.topology.nranks)]
+    nroles = len(gen.roles)
+    raw = [_raw_dependencies(plan, ops, nroles) for ops in per_rank_ops]
+
+    budgets: dict[tuple[int, int], int] = {}
+    extra = [[0] * len(ops) for ops in per_rank_ops]
+    for _attempt in range(12):
+        cuts = _segment_cuts(gen, per_rank_ops, budgets, extra)
+        program, overflow, nops = _emit(plan, gen, per_rank_ops, raw, cuts, limits)
+        if not overflow:
+            return program
+        extra = nops
+        for key, over in overflow.items():
+            budgets[key] = min(budgets.get(key, limits.max_steps), limits.max_steps) - max(1, over // 2)
+            if budgets[key] < 4:
+                raise PlanError(f"axis {key[0]} lane {key[1]}: cannot fit the steps of one exchange into {limits.max_steps} steps per threadblock")
+    raise PlanError("could not fit the plan into the step limit after repeated segmentation")
+
+
+def _emit(plan: Plan, gen: _Generator, per_rank_ops: list[list[_Op]], raw: list[list[list[int]]],
+          cuts: dict[tuple[int, int], list[tuple[int, int, int]]], limits: Limits
+          ) -> tuple[Program, dict[tuple[int, int], int], list[list[int]]]:
+    """Build the Program for given segment cuts; report step-limit overflow per (axis, lane)."""
+    topo = plan.topology
+    nranks = topo.nranks
+    # segments per (axis, lane) and channels
+    segs_of = {key: len(c) + 1 for key, c in cuts.items()}
+    channel_base: dict[tuple[int, int], int] = {}
+    by_axis: dict[int, list[int]] = defaultdict(list)
+    for axis, lane in sorted(segs_of):
+        by_axis[axis].append(lane)
+    nchannels = 1
+    for axis, lanes in by_axis.items():
+        base = 0
+        for lane in sorted(lanes):
+            channel_base[(axis, lane)] = base
+            base += segs_of[(axis, lane)]
+        nchannels = max(nchannels, base)
+    if nchannels > limits.max_channels:
+        raise PlanError(
+            f"the plan needs {nchannels} channels (threadblocks are split over channels to stay within "
+            f"{limits.max_steps} steps each); the runtime allows {limits.max_channels}; use fewer chunks or lanes")
+
+    def segment(role: _Role, tick: tuple[int, int, int]) -> int:
+        if role.axis < 0:
+            return 0
+        c = cuts.get((role.axis, role.lane), [])
+        g = 0
+        while g < len(c) and tick >= c[g]:
+            g += 1
+        return g
+
+    # threadblock keys in a fixed order: (role, segment)
+    tb_keys: list[tuple[int, int]] = sorted({(op.role, segment(gen.roles[op.role], op.tick))
+                                             for op in per_rank_ops[0]})
+    if any({(op.role, segment(gen.roles[op.role], op.tick)) for op in ops} != set(tb_keys) for ops in per_rank_ops[1:]):
+        raise PlanError("internal error: ranks disagree on their threadblocks")
+    tb_id = {key: i for i, key in enumerate(tb_keys)}
+    ntb = len(tb_keys)
+    if ntb > limits.max_threadblocks:
+        raise PlanError(
+            f"the plan needs {ntb} threadblocks per rank; the budget is {limits.max_threadblocks} "
+            f"(all threadblocks must be resident at once); use fewer lanes, chunks, or a ring inside large switch dimensions")
+    if ntb > limits.max_depid + 1:
+        raise PlanError(f"the plan needs {ntb} threadblocks; dependencies can only name threadblocks 0..{limits.max_depid}")
+
+    bufs = buffer_chunks(plan.collective, nranks, plan.nchunksperloop)
+    gpus: list[Gpu] = []
+    overflow: dict[tuple[int, int], int] = {}
+    nops_per_op: list[list[int]] = []
+    for rank in range(nranks):
+        ops = per_rank_ops[rank]
+        slot_offset = _slot_mapper(plan, rank)[1]
+        # units: fuse a receive with the send after it in the same threadblock
+        tb_units: list[list[_Unit]] = [[] for _ in range(ntb)]
+        unit_of = [0] * len(ops)
+        units: list[_Unit] = []
+        for idx, op in enumerate(ops):
+            t = tb_id[(op.role, segment(gen.roles[op.role], op.tick))]
+            lst = tb_units[t]
+            if lst and op.type == "s":
+                prev = lst[-1]
+                pop = ops[prev.ops[-1]]
+                if len(prev.ops) == 1 and pop.fuse and pop.dst == op.src and pop.cnt == op.cnt:
+                    prev.ops.append(idx)
+                    prev.type = {"rrc": "rrs" if pop.dead else "rrcs", "r": "rcs"}[pop.type]
+                    if prev.type == "rrs":
+                        prev.dst = None
+                    unit_of[idx] = unit_of[prev.ops[0]]
+                    continue
+            u = _Unit([idx], t, len(lst), op.type, op.src, op.dst, op.cnt)
+            unit_of[idx] = len(units)
+            units.append(u)
+            lst.append(u)
+        # dependencies between units, with the chain between segments of one role
+        unit_deps: list[set[int]] = [set() for _ in units]
+        for idx, op in enumerate(ops):
+            me = unit_of[idx]
+            for d in raw[rank][idx]:
+                other = unit_of[d]
+                if other != me:
+                    unit_deps[me].add(other)
+        first_of_tb = {}
+        for t in range(ntb):
+            if tb_units[t]:
+                first_of_tb[t] = tb_units[t][0]
+        for (role, seg), t in tb_id.items():
+            if seg > 0 and (role, seg - 1) in tb_id:
+                prev_units = tb_units[tb_id[(role, seg - 1)]]
+                if prev_units and tb_units[t]:
+                    unit_deps[unit_of[tb_units[t][0].ops[0]]].add(unit_of[prev_units[-1].ops[0]])
+        pruned = _prune(units, unit_deps, tb_units, ntb)
+        # steps
+        tb_steps: list[list[Step]] = []
+        step_index: dict[int, int] = {}
+        hasdep: set[int] = set()
+        for deps in pruned:
+            hasdep.update(deps)
+        nops = [0] * len(ops)
+        layout: list[list[tuple[int, list[int]]]] = []
+        for t in range(ntb):
+            seq: list[tuple[int, list[int]]] = []
+            pos = 0
+            for u in tb_units[t]:
+                ui = unit_of[u.ops[0]]
+                deps = pruned[ui]
+                pos += max(0, len(deps) - 1)
+                step_index[ui] = pos
+                seq.append((ui, deps))
+                nops[u.ops[0]] = max(0, len(deps) - 1)
+                pos += 1
+            layout.append(seq)
+        nops_per_op.append(nops)
+        for t in range(ntb):
+            steps: list[Step] = []
+            for ui, deps in layout[t]:
+                u = units[ui]
+                targets = sorted(deps, key=lambda d: (units[d].tb, step_index[d]))
+                for d in targets[:-1]:
+                    steps.append(Step(len(steps), "nop", "i", -1, "o", -1, 0, units[d].tb, step_index[d], False))
+                depid, dstep = (units[targets[-1]].tb, step_index[targets[-1]]) if targets else (-1, -1)
+                srcbuf, srcoff = ("i", -1) if u.src is None or u.type == "rcs" else (u.src[0], slot_offset(*u.src))
+                dstbuf, dstoff = ("o", -1) if u.dst is None or u.type == "s" else (u.dst[0], slot_offset(*u.dst))
+                steps.append(Step(len(steps), u.type, srcbuf, srcoff, dstbuf, dstoff, u.cnt, depid, dstep, ui in hasdep))
+            tb_steps.append(steps)
+            if len(steps) > limits.max_steps:
+                role, _seg = tb_keys[t]
+                key = (gen.roles[role].axis, gen.roles[role].lane)
+                overflow[key] = max(overflow.get(key, 0), len(steps) - limits.max_steps)
+        tbs = []
+        for t, (role_idx, seg) in enumerate(tb_keys):
+            role = gen.roles[role_idx]
+            axis = gen.axes[role.axis] if role.axis >= 0 else None
+            send, recv = role.peers(axis, rank)
+            chan = channel_base[(role.axis, role.lane)] + seg if role.axis >= 0 else 0
+            tbs.append(Threadblock(t, send, recv, chan, tuple(tb_steps[t])))
+        s_used = [slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst) if loc is not None and loc[0] == "s"]
+        gpus.append(Gpu(rank, bufs["i"], bufs["o"], max(s_used, default=0), tuple(tbs)))
+    nodes = 1 + nranks + max(len(g.threadblocks) + sum(len(tb.steps) for tb in g.threadblocks) for g in gpus)
+    if nodes > limits.max_nodes and not overflow:
+        raise PlanError(
+            f"a rank's share of the XML has {nodes} nodes (algo + every gpu + its threadblocks and steps); "
+            f"the runtime's reader holds {limits.max_nodes}; use fewer chunks")
+    program = Program(
+        name=plan.name or f"{plan.collective}-{plan.topology.label}", collective=plan.collective,
+        protocol=plan.protocol, nchannels=nchannels, nchunksperloop=plan.nchunksperloop, ngpus=nranks,
+        inplace=True, outofplace=True, min_bytes=plan.min_bytes, max_bytes=plan.max_bytes, gpus=tuple(gpus),
+    )
+    return program, overflow, nops_per_op
+
+
+def _prune(units: list[_Unit], unit_deps: list[set[int]], tb_units: list[list[_Unit]], ntb: int) -> list[list[int]]:
+    """Drop dependencies already implied by threadblock order or by other dependencies.
+
+    Vector clocks: vc[u][t] is the highest position of threadblock t known complete before
+    unit u starts. Units are visited in a topological order of the dependency graph.
+    """
+    n = len(units)
+    index_in_tb: dict[int, int] = {}
+    unit_index = {id(u): i for i, u in enumerate(units)}
+    prev_in_tb = [-1] * n
+    for t in range(ntb):
+        prev = -1
+        for u in tb_units[t]:
+            ui = unit_index[id(u)]
+            prev_in_tb[ui] = prev
+            prev = ui
+    # topological order (Kahn) over tb order and dependencies
+    indeg = [0] * n
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for ui in range(n):
+        preds = set(unit_deps[ui])
+        if prev_in_tb[ui] >= 0:
+            preds.add(prev_in_tb[ui])
+        for p in preds:
+            succ[p].append(ui)
+        indeg[ui] = len(preds)
+    order = [ui for ui in range(n) if indeg[ui] == 0]
+    head = 0
+    while head < len(order):
+        ui = order[head]
+        head += 1
+        for s in succ[ui]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                order.append(s)
+    if len(order) != n:
+        raise PlanError("internal error: the lowered program has a dependency cycle")
+    vc_after = np.full((n, ntb), -1, dtype=np.int64)
+    result: list[list[int]] = [[] for _ in range(n)]
+    for ui in order:
+        u = units[ui]
+        prev = prev_in_tb[ui]
+        base = vc_after[prev].copy() if prev >= 0 else np.full(ntb, -1, dtype=np.int64)
+        cands = [d for d in unit_deps[ui] if units[d].tb != u.tb]
+        # strongest first: later positions imply more
+        cands.sort(key=lambda d: -units[d].pos)
+        chosen: list[int] = []
+        acc = base
+        for d in cands:
+            if acc[units[d].tb] >= units[d].pos:
+                continue
+            chosen.append(d)
+            acc = np.maximum(acc, vc_after[d])
+        # remove chosen deps implied by the others
+        final: list[int] = []
+        for d in chosen:
+            others = base.copy()
+            for o in chosen:
+                if o != d:
+                    others = np.maximum(others, vc_after[o])
+            if others[units[d].tb] < units[d].pos:
+                final.append(d)
+        acc = base
+        for d in final:
+            acc = np.maximum(acc, vc_after[d])
+        acc = acc.copy()
+        acc[u.tb] = max(acc[u.tb], u.pos)
+        vc_after[ui] = acc
+        result[ui] = final
+    return result

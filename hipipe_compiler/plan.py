@@ -1,0 +1,343 @@
+"""Plans: what a schedule decides, independent of MSCCL (design.md "Plan").
+
+A plan splits the data of one loop iteration into pipeline chunks. Each chunk has a size
+(in units of one cell per rank), its own dimension order (reduce-scatter down that order,
+all-gather back up), a ring direction and a lane. Chunks on one lane share threadblocks and
+pass through each dimension one after another, in the plan's schedule order; lanes run side
+by side. The baselines of algorithms.md section 5 are plans built here.
+
+>>> from hipipe_compiler.topology import preset
+>>> plan = hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", chunks=2, nominal_bytes=1 << 28)
+>>> [c.order for c in plan.chunks], plan.algorithms
+([(0, 1), (0, 1)], ('direct', 'direct'))
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Literal, Sequence
+
+from .errors import InputError, PlanError
+from .program import PLANNED_COLLECTIVES, PROTOCOLS
+from .runtime import piece_count
+from .topology import Topology
+
+Algorithm = Literal["ring", "direct"]
+Layout = Literal["fused", "split"]
+
+#: Switch dimensions up to this size use direct exchange by default; larger ones a ring.
+DIRECT_MAX_SIZE = 16
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """One pipeline chunk: `units` cells per rank, its axis order, ring direction and lane."""
+
+    units: int
+    order: tuple[int, ...]
+    direction: int = 1
+    lane: int = 0
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a chunk's journey: a reduce-scatter, all-gather, or both (`ar`) on an axis."""
+
+    kind: Literal["rs", "ag", "ar"]
+    axis: int
+    depth: int  # position of the axis in the chunk's order: the data holds 1 / prod(sizes before)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete schedule decision for one collective, topology and size window.
+
+    `flat` plans use one ring through every rank (Topology.ring_order) as their single axis;
+    otherwise axis d is topology dimension d. `schedule` lists (chunk, stage) pairs in the
+    order lowering emits them; empty means `default_schedule`.
+    """
+
+    topology: Topology
+    collective: str
+    chunks: tuple[ChunkPlan, ...]
+    algorithms: tuple[str, ...]
+    layouts: tuple[str, ...]
+    protocol: str = "Simple"
+    flat: bool = False
+    schedule: tuple[tuple[int, int], ...] = ()
+    min_bytes: int = 0
+    max_bytes: int = 0
+    nominal_bytes: int = 0
+    name: str = ""
+    label: str = ""
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def naxes(self) -> int:
+        return 1 if self.flat else self.topology.ndims
+
+    def axis_size(self, axis: int) -> int:
+        return self.topology.nranks if self.flat else self.topology.dimensions[axis].size
+
+    @property
+    def units(self) -> int:
+        """Cells per rank in one loop iteration: the sum of the chunks' units."""
+        return sum(c.units for c in self.chunks)
+
+    @property
+    def nchunksperloop(self) -> int:
+        return self.units * self.topology.nranks
+
+    def stages(self, k: int) -> tuple[Stage, ...]:
+        """The stages chunk k passes through, in order."""
+        return chunk_stages(self.collective, self.chunks[k].order)
+
+    def events(self) -> tuple[tuple[int, int], ...]:
+        """(chunk, stage index) pairs in emission order."""
+        return self.schedule or default_schedule(self)
+
+    def with_window(self, min_bytes: int, max_bytes: int) -> "Plan":
+        return replace(self, min_bytes=min_bytes, max_bytes=max_bytes)
+
+
+def chunk_stages(collective: str, order: Sequence[int]) -> tuple[Stage, ...]:
+    """Reduce-scatter down `order`, all-gather back up; the last axis fuses both for allreduce."""
+    d = len(order)
+    if collective == "allreduce":
+        rs = [Stage("rs", a, i) for i, a in enumerate(order[:-1])]
+        return (*rs, Stage("ar", order[-1], d - 1), *(Stage("ag", order[i], i) for i in range(d - 2, -1, -1)))
+    if collective == "reducescatter":
+        return tuple(Stage("rs", a, i) for i, a in enumerate(order))
+    if collective == "allgather":
+        return tuple(Stage("ag", order[i], i) for i in range(d - 1, -1, -1))
+    raise InputError(None, "collective", f"expected one of {', '.join(PLANNED_COLLECTIVES)}, got {collective!r}")
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise PlanError if the plan is not well formed for its topology."""
+    if plan.collective not in PLANNED_COLLECTIVES:
+        raise PlanError(f"cannot plan collective {plan.collective!r}; expected one of {', '.join(PLANNED_COLLECTIVES)}")
+    if plan.protocol not in PROTOCOLS:
+        raise PlanError(f"unknown protocol {plan.protocol!r}; expected one of {', '.join(PROTOCOLS)}")
+    if not plan.chunks:
+        raise PlanError("a plan needs at least one chunk")
+    naxes = plan.naxes
+    if len(plan.algorithms) != naxes or len(plan.layouts) != naxes:
+        raise PlanError(f"expected one algorithm and one layout per axis ({naxes})")
+    for a in range(naxes):
+        alg, lay = plan.algorithms[a], plan.layouts[a]
+        if alg not in ("ring", "direct"):
+            raise PlanError(f"axis {a}: unknown algorithm {alg!r}")
+        if lay not in ("fused", "split"):
+            raise PlanError(f"axis {a}: unknown layout {lay!r}")
+        if alg == "direct" and plan.axis_size(a) > 2:
+            if plan.flat or plan.topology.dimensions[a].kind == "ring":
+                raise PlanError(f"axis {a}: direct exchange needs a switch dimension; a ring only links neighbours")
+    for k, c in enumerate(plan.chunks):
+        if c.units < 1:
+            raise PlanError(f"chunk {k}: units must be >= 1")
+        if sorted(c.order) != list(range(naxes)):
+            raise PlanError(f"chunk {k}: order {c.order} must list every axis 0..{naxes - 1} once")
+        if c.direction not in (1, -1):
+            raise PlanError(f"chunk {k}: direction must be +1 or -1")
+        if c.lane < 0:
+            raise PlanError(f"chunk {k}: lane must be >= 0")
+    if plan.schedule:
+        seen = sorted(plan.schedule)
+        want = sorted((k, j) for k in range(len(plan.chunks)) for j in range(len(plan.stages(k))))
+        if seen != want:
+            raise PlanError("the schedule must list every (chunk, stage) pair exactly once")
+        pos = {e: i for i, e in enumerate(plan.schedule)}
+        for k in range(len(plan.chunks)):
+            for j in range(1, len(plan.stages(k))):
+                if pos[(k, j)] < pos[(k, j - 1)]:
+                    raise PlanError(f"the schedule runs stage {j} of chunk {k} before stage {j - 1}")
+
+
+# -- the default operation order --------------------------------------------------------------
+
+
+def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
+    """alpha-beta estimate (microseconds) of one stage of chunk k when the call moves nbytes."""
+    chunk = plan.chunks[k]
+    share = chunk.units / plan.units
+    data = nbytes * share
+    for a in chunk.order[: stage.depth]:
+        data /= plan.axis_size(a)
+    n = plan.axis_size(stage.axis)
+    if plan.flat:
+        alpha = max(d.latency for d in plan.topology.dimensions)
+        bw = min(d.bandwidth / (2 if d.uses_both_directions else 1) for d in plan.topology.dimensions)
+    else:
+        dim = plan.topology.dimensions[stage.axis]
+        alpha = dim.latency
+        bw = dim.bandwidth / (2 if dim.uses_both_directions else 1)
+    bpus = bw * 1e3  # bytes per microsecond
+    if plan.algorithms[stage.axis] == "ring":
+        one = (n - 1) * (alpha + data / n / bpus)
+    else:
+        one = alpha + (n - 1) / n * data / bpus
+    return 2 * one if stage.kind == "ar" else one
+
+
+def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
+    """A list schedule of all stages over the axes, later stages first (drain first).
+
+    Each (axis, lane, ring direction) is one queue; a stage becomes ready when the chunk's
+    previous stage ends. The start order of the simulated list schedule is the emission
+    order, so every threadblock receives its work in the order it can run it.
+    """
+    nbytes = float(plan.nominal_bytes or plan.max_bytes or (1 << 20))
+    nchunks = len(plan.chunks)
+    stages = [plan.stages(k) for k in range(nchunks)]
+
+    def resource(k: int, st: Stage) -> tuple[int, int, int]:
+        c = plan.chunks[k]
+        ring_dir = c.direction if plan.algorithms[st.axis] == "ring" else 0
+        return (st.axis, c.lane, ring_dir)
+
+    free: dict[tuple[int, int, int], float] = {}
+    ready: list[tuple[float, int, int]] = [(0.0, k, 0) for k in range(nchunks)]  # (ready time, chunk, stage)
+    out: list[tuple[int, int]] = []
+    while ready:
+        best_i, best_key = 0, None
+        for i, (t, k, j) in enumerate(ready):
+            start = max(t, free.get(resource(k, stages[k][j]), 0.0))
+            key = (start, -j, k)
+            if best_key is None or key < best_key:
+                best_i, best_key = i, key
+        assert best_key is not None
+        _t, k, j = ready.pop(best_i)
+        st = stages[k][j]
+        end = best_key[0] + stage_cost(plan, k, st, nbytes)
+        free[resource(k, st)] = end
+        out.append((k, j))
+        if j + 1 < len(stages[k]):
+            ready.append((end, k, j + 1))
+    return tuple(out)
+
+
+# -- builders (baselines) -------------------------------------------------------------------
+
+
+def default_algorithms(topology: Topology, flat: bool = False) -> tuple[str, ...]:
+    """Ring inside ring dimensions; direct exchange inside switch dimensions up to DIRECT_MAX_SIZE."""
+    if flat:
+        return ("ring",) if topology.nranks > 2 else ("direct",)
+    return tuple(
+        "direct" if d.size == 2 or (d.kind == "switch" and d.size <= DIRECT_MAX_SIZE) else "ring"
+        for d in topology.dimensions
+    )
+
+
+def auto_layouts(topology: Topology, flat: bool, chunks: Sequence[ChunkPlan], algorithms: Sequence[str],
+                 protocol: str, max_bytes: int) -> tuple[str, ...]:
+    """Fused threadblocks per axis unless the deadlock-safe piece limit would shred its blocks.
+
+    A fused threadblock sends before it receives, so at the window's largest size each such
+    send must fit the connection FIFO (runtime.piece_count). When an axis's blocks are larger
+    than that, separate send and receive threadblocks ("split") move them in full steps.
+    """
+    naxes = 1 if flat else topology.ndims
+    size = (lambda a: topology.nranks) if flat else (lambda a: topology.dimensions[a].size)
+    nch = sum(c.units for c in chunks) * topology.nranks
+    largest = [0] * naxes
+    for c in chunks:
+        for depth, a in enumerate(c.order):
+            cells = c.units * math.prod(size(b) for b in c.order[depth + 1:])
+            largest[a] = max(largest[a], cells)
+    out = []
+    for a in range(naxes):
+        limit = piece_count(protocol, max_bytes, nch, ring=algorithms[a] == "ring" and size(a) > 2)
+        out.append("fused" if largest[a] <= limit else "split")
+    return tuple(out)
+
+
+def bandwidth_order(topology: Topology) -> tuple[int, ...]:
+    """Dimensions fastest first (ties: innermost first): the conventional hierarchical order."""
+    return tuple(sorted(range(topology.ndims), key=lambda d: (-topology.dimensions[d].bandwidth, d)))
+
+
+def _needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[str]) -> bool:
+    if flat:
+        return False
+    return any(d.uses_both_directions and alg == "ring" for d, alg in zip(topology.dimensions, algorithms))
+
+
+def uniform_chunks(k: int, orders: Sequence[tuple[int, ...]], both_directions: bool, lanes: int = 1) -> tuple[ChunkPlan, ...]:
+    """k chunks of one unit each (two halves, one per ring direction, when rings are present)."""
+    chunks = []
+    for i in range(k):
+        order = tuple(orders[i % len(orders)])
+        lane = i % lanes
+        if both_directions:
+            chunks.append(ChunkPlan(1, order, 1, lane))
+            chunks.append(ChunkPlan(1, order, -1, lane))
+        else:
+            chunks.append(ChunkPlan(1, order, 1, lane))
+    return tuple(chunks)
+
+
+def hierarchical_plan(
+    topology: Topology,
+    collective: str = "allreduce",
+    chunks: int = 1,
+    protocol: str = "Simple",
+    orders: Iterable[tuple[int, ...]] | None = None,
+    algorithms: Sequence[str] | None = None,
+    layouts: Sequence[str] | None = None,
+    min_bytes: int = 0,
+    max_bytes: int = 0,
+    nominal_bytes: int = 0,
+    lanes: int = 1,
+    label: str = "",
+) -> Plan:
+    """Reduce-scatter down the dimensions, all-gather back up, with `chunks` uniform chunks.
+
+    One chunk is the unpipelined hierarchical baseline; more chunks pipeline through the
+    dimensions. Without `orders`, every chunk goes fastest dimension first.
+    """
+    if chunks < 1:
+        raise InputError(None, "chunks", f"expected an integer >= 1, got {chunks}")
+    algs = tuple(algorithms) if algorithms is not None else default_algorithms(topology)
+    order_list = list(orders) if orders is not None else [bandwidth_order(topology)]
+    plan_chunks = uniform_chunks(chunks, order_list, _needs_both_directions(topology, False, algs), lanes)
+    lays = tuple(layouts) if layouts is not None else auto_layouts(topology, False, plan_chunks, algs, protocol, max_bytes)
+    plan = Plan(
+        topology=topology, collective=collective, chunks=plan_chunks, algorithms=algs, layouts=lays, protocol=protocol, min_bytes=min_bytes, max_bytes=max_bytes,
+        nominal_bytes=nominal_bytes or max_bytes,
+        label=label or ("hierarchical" if chunks == 1 else f"hierarchical-k{chunks}"),
+        name=f"{collective}-hierarchical-k{chunks}-{topology.label}",
+    )
+    check_plan(plan)
+    return plan
+
+
+def ring_plan(
+    topology: Topology,
+    collective: str = "allreduce",
+    chunks: int = 1,
+    protocol: str = "Simple",
+    min_bytes: int = 0,
+    max_bytes: int = 0,
+    nominal_bytes: int = 0,
+    label: str = "",
+) -> Plan:
+    """One ring through every rank (the NCCL-style flat ring), with `chunks` pipelined chunks."""
+    if chunks < 1:
+        raise InputError(None, "chunks", f"expected an integer >= 1, got {chunks}")
+    algs = default_algorithms(topology, flat=True)
+    plan_chunks = tuple(ChunkPlan(1, (0,), 1, 0) for _ in range(chunks))
+    plan = Plan(
+        topology=topology, collective=collective, chunks=plan_chunks, algorithms=algs,
+        layouts=auto_layouts(topology, True, plan_chunks, algs, protocol, max_bytes), protocol=protocol, flat=True,
+        min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,
+        label=label or ("ring" if chunks == 1 else f"ring-k{chunks}"),
+        name=f"{collective}-ring-k{chunks}-{topology.label}",
+    )
+    check_plan(plan)
+    return plan

@@ -1,0 +1,237 @@
+"""The `hipipe` command line.
+
+Exit codes: 0 success, 1 verification failed, 2 bad input (one line on stderr naming the
+file, the field and what was expected; no traceback; no partial output file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from tabulate import tabulate
+
+from . import __version__
+from .compiler import (
+    ALGORITHMS, DTYPES, CompileOptions, VerificationFailed, check_divisible, check_output_path,
+    compile_range, window_summary, write_directory, write_file,
+)
+from .errors import InputError, PlanError
+from .runtime import Limits
+from .msccl_xml import DIALECTS, lexical_issues, read_program
+from .program import PLANNED_COLLECTIVES, PROTOCOLS
+from .topology import PRESETS, load_topology
+from .units import format_size, parse_size, parse_size_range
+from .verify import Report, VerifyOptions, Violation, verify
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _int(name: str, low: int, high: int | None = None):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {value}")
+        return value
+    return parse
+
+
+def _size(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = parse_size(text, name)
+        except InputError as exc:
+            raise argparse.ArgumentTypeError(exc.message) from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected at least 1 byte, got {text!r}")
+        return value
+    return parse
+
+
+def _size_range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = parse_size_range(text, "--sizes")
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    if lo < 1:
+        raise argparse.ArgumentTypeError("expected MIN >= 1 byte")
+    return lo, hi
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hipipe", description="Pipelined hierarchical collectives for multi-dimensional GPU networks, "
+                     "compiled to verified MSCCL XML.")
+    parser.add_argument("--version", action="version", version=f"hipipe-compiler {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("topo", help="show and check a topology file or preset")
+    p.add_argument("topology", nargs="?", help=f"a YAML/JSON topology file or a preset ({', '.join(PRESETS)})")
+    p.add_argument("--list", action="store_true", help="list the presets")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("compile", help="compile a collective for a topology into MSCCL XML")
+    p.add_argument("topology", help="a YAML/JSON topology file or a preset")
+    p.add_argument("--coll", default="allreduce", choices=PLANNED_COLLECTIVES, help="collective (default allreduce)")
+    size = p.add_mutually_exclusive_group(required=True)
+    size.add_argument("--size", type=_size("--size"), help="one call size, e.g. 256MiB: writes one file")
+    size.add_argument("--sizes", type=_size_range, help="a range MIN:MAX, e.g. 1KiB:4GiB: writes one file per size window into a directory")
+    p.add_argument("--algo", default="hierarchical", choices=ALGORITHMS, help="schedule (default hierarchical)")
+    p.add_argument("--chunks", type=_int("--chunks", 1, 4096), help="pipeline chunks per loop iteration (default 1)")
+    p.add_argument("--proto", choices=PROTOCOLS, help="MSCCL protocol (default Simple)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type of the calls (default float32)")
+    p.add_argument("--dialect", default="executor", choices=DIALECTS, help="XML dialect: executor (msccl-executor-nccl, RCCL) or legacy (microsoft/msccl)")
+    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=108, help="threadblock budget per rank (default 108, the A100's SM count)")
+    p.add_argument("-o", "--output", required=True, help="output file (--size) or directory (--sizes)")
+    p.add_argument("--quiet", action="store_true", help="print nothing on success")
+    p.add_argument("--json", action="store_true", help="print the per-window summary as JSON")
+
+    p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
+    p.add_argument("file", help="an MSCCL XML algorithm file")
+    p.add_argument("--max-steps", type=_int("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
+    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=1024, help="threadblocks allowed per rank (default 1024)")
+    p.add_argument("--size", type=_size("--size"), help="call size for the FIFO model (default: the file's maxBytes)")
+    p.add_argument("--rendezvous", action="store_true", help="conservative mode: every send waits for its receive")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify}[args.command](args)
+    except InputError as exc:
+        print(f"hipipe: error: {exc}", file=sys.stderr)
+        return 2
+    except PlanError as exc:
+        print(f"hipipe: error: cannot compile this plan: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    except KeyboardInterrupt:
+        return 130
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+# -- topo -------------------------------------------------------------------------------------
+
+
+def cmd_topo(args: argparse.Namespace) -> int:
+    if args.list or not args.topology:
+        rows = [(name, t.nranks, " x ".join(f"{d.size} {d.kind}" for d in t.dimensions)) for name, t in PRESETS.items()]
+        if args.json:
+            _print_json({name: t.to_document() for name, t in PRESETS.items()})
+        else:
+            print(tabulate(rows, headers=("preset", "ranks", "dimensions")))
+        return 0
+    topo = load_topology(args.topology)
+    doc = topo.describe()
+    if args.json:
+        _print_json(doc)
+        return 0
+    print(f"{topo.label}: {topo.nranks} ranks in {topo.ndims} dimension(s), innermost first")
+    rows = []
+    for d, dim in enumerate(topo.dimensions):
+        links = "2 directed links (B/2 each)" if dim.uses_both_directions else (
+            "1 directed link each way" if dim.kind == "ring" else f"1 port to {dim.size - 1} peers")
+        rows.append((topo.dim_name(d), dim.size, dim.kind, dim.bandwidth, dim.latency, links))
+    print(tabulate(rows, headers=("dimension", "size", "kind", "GB/s", "latency us", "per rank")))
+    if topo.reduce_bandwidth:
+        print(f"local reduce bandwidth: {topo.reduce_bandwidth} GB/s")
+    return 0
+
+
+# -- compile ----------------------------------------------------------------------------------
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    directory = args.sizes is not None
+    out = check_output_path(args.output, directory)
+    topo = load_topology(args.topology)
+    options = CompileOptions(
+        collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
+        dtype_bytes=DTYPES[args.dtype], limits=Limits(max_threadblocks=args.max_tbs),
+    )
+    lo, hi = args.sizes if directory else (args.size, args.size)
+    try:
+        windows = compile_range(topo, options, lo, hi)
+    except VerificationFailed as exc:
+        _report_violations(f"{topo.label} {exc.window.label}", exc.report)
+        return 1
+    if not directory:
+        check_divisible(windows[0].program, args.size, options.dtype_bytes)
+        write_file(windows[0], out, args.dialect)
+    else:
+        manifest = {
+            "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
+            "dialect": args.dialect, "dtype_bytes": options.dtype_bytes,
+            "windows": [window_summary(w) for w in windows],
+        }
+        write_directory(windows, out, manifest, args.dialect)
+    summaries = [window_summary(w) for w in windows]
+    if args.json:
+        _print_json({"output": str(out), "windows": summaries})
+    elif not args.quiet:
+        where = f"{out}/ ({len(windows)} file(s); MSCCL_ALGO_DIR={out})" if directory else str(out)
+        print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
+        rows = [(f"{format_size(s['min_bytes'])}..{format_size(s['max_bytes'])}", s["protocol"], s["chunks"],
+                 s["nchunksperloop"], s["channels"], s["threadblocks"], s["longest_threadblock"],
+                 "yes" if s["verified"] else "-") for s in summaries]
+        print(tabulate(rows, headers=("window", "proto", "chunks", "nchunksperloop", "channels", "threadblocks",
+                                      "longest tb", "verified")))
+    return 0
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+
+def _report_violations(label: str, report: Report, limit: int = 50) -> None:
+    print(f"{label}: {report.summary()}")
+    for v in report.violations[:limit]:
+        print(f"  {v}")
+    if len(report.violations) > limit:
+        print(f"  ... and {len(report.violations) - limit} more")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    program = read_program(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), None, f"cannot read file: {exc.strerror}") from None
+    lexical = [Violation(i.rule, f"line {i.line}: {i.message}") for i in lexical_issues(data)]
+    report = verify(program, VerifyOptions(max_steps=args.max_steps, max_threadblocks=args.max_tbs,
+                                           nbytes=args.size, rendezvous=args.rendezvous))
+    if lexical:
+        report = Report(tuple(lexical) + report.violations, ("lexical",) + report.checked, report.skipped, report.stats)
+    else:
+        report = Report(report.violations, ("lexical",) + report.checked, report.skipped, report.stats)
+    if args.json:
+        _print_json({"file": str(path), "ok": report.ok, "collective": program.collective, "ranks": program.ngpus,
+                     "checked": list(report.checked), "skipped": list(report.skipped),
+                     "violations": [v.to_dict() for v in report.violations]})
+    elif report.ok:
+        print(f"{path}: {program.collective} on {program.ngpus} ranks, {program.nsteps} steps: {report.summary()}")
+    else:
+        _report_violations(str(path), report)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""The compiler's main job: a topology, a collective and a byte range in; one verified
+Program per size window out, ready to be written as MSCCL XML.
+
+>>> from hipipe_compiler.topology import preset
+>>> windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(), 1 << 20, 1 << 22)
+>>> [(w.window.min_bytes, w.window.max_bytes) for w in windows]
+[(1048576, 4194304)]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .errors import InputError
+from .lowering import lower
+from .runtime import Limits, piece_count
+from .msccl_xml import Dialect, write_atomic, write_program
+from .plan import Plan, hierarchical_plan, ring_plan
+from .program import PLANNED_COLLECTIVES, PROTOCOLS, Program
+from .topology import Topology
+from .units import format_size
+from .verify import Report, VerifyOptions, verify
+
+#: Algorithms `hipipe compile --algo` accepts.
+ALGORITHMS: tuple[str, ...] = ("hierarchical", "ring")
+#: Element sizes of the NCCL data types, for the runtime's divisibility rule.
+DTYPES: dict[str, int] = {
+    "int8": 1, "uint8": 1, "fp8": 1, "float16": 2, "bfloat16": 2,
+    "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8,
+}
+
+
+@dataclass(frozen=True)
+class Window:
+    """An inclusive byte range [min_bytes, max_bytes] of call sizes one program serves."""
+
+    min_bytes: int
+    max_bytes: int
+
+    @property
+    def label(self) -> str:
+        return f"{format_size(self.min_bytes)}-{format_size(self.max_bytes)}"
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything besides the topology and sizes that decides the programs."""
+
+    collective: str = "allreduce"
+    algorithm: str = "hierarchical"
+    chunks: int | None = None
+    protocol: str | None = None  # None: the algorithm's default
+    dtype_bytes: int = 4
+    limits: Limits = field(default_factory=Limits)
+    check: bool = True
+
+
+@dataclass(frozen=True)
+class CompiledWindow:
+    """One size window's plan, its lowered program and the verifier's verdict."""
+
+    window: Window
+    plan: Plan
+    program: Program
+    report: Report | None
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+class VerificationFailed(Exception):
+    """A program the compiler produced does not verify (a compiler bug); carries the report."""
+
+    def __init__(self, window: Window, report: Report) -> None:
+        self.window = window
+        self.report = report
+        super().__init__(f"window {window.label}: {report.summary()}")
+
+
+def size_windows(min_bytes: int, max_bytes: int) -> tuple[Window, ...]:
+    """Split [min, max] at powers of two into windows that tile it with no gap and no overlap.
+
+    >>> [(w.min_bytes, w.max_bytes) for w in size_windows(1000, 5000)]
+    [(1000, 1023), (1024, 2047), (2048, 4095), (4096, 5000)]
+    """
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise InputError(None, "sizes", f"expected 1 <= MIN <= MAX, got {min_bytes}:{max_bytes}")
+    out = []
+    lo = min_bytes
+    while lo <= max_bytes:
+        nxt = 1 << lo.bit_length()  # the next power of two above lo
+        hi = min(max_bytes, nxt - 1)
+        out.append(Window(lo, hi))
+        lo = hi + 1
+    return tuple(out)
+
+
+def check_options(topology: Topology, options: CompileOptions) -> None:
+    """Reject options that cannot describe a program, naming the option."""
+    if options.collective not in PLANNED_COLLECTIVES:
+        raise InputError(None, "--coll", f"expected one of {', '.join(PLANNED_COLLECTIVES)}, got {options.collective!r}")
+    if options.algorithm not in ALGORITHMS:
+        raise InputError(None, "--algo", f"expected one of {', '.join(ALGORITHMS)}, got {options.algorithm!r}")
+    if options.protocol is not None and options.protocol not in PROTOCOLS:
+        raise InputError(None, "--proto", f"expected one of {', '.join(PROTOCOLS)}, got {options.protocol!r}")
+    if options.chunks is not None and not 1 <= options.chunks <= 4096:
+        raise InputError(None, "--chunks", f"expected an integer from 1 to 4096, got {options.chunks}")
+
+
+PlanBuilder = Callable[[Topology, CompileOptions, Window], Plan]
+
+
+def baseline_plan(topology: Topology, options: CompileOptions, window: Window) -> Plan:
+    """The plan of a baseline algorithm (flat ring or hierarchical with uniform chunks)."""
+    chunks = options.chunks or 1
+    proto = options.protocol or "Simple"
+    if options.algorithm == "ring":
+        return ring_plan(topology, options.collective, chunks, proto, window.min_bytes, window.max_bytes, window.max_bytes)
+    return hierarchical_plan(topology, options.collective, chunks, proto, min_bytes=window.min_bytes,
+                             max_bytes=window.max_bytes, nominal_bytes=window.max_bytes)
+
+
+def _lowering_key(plan: Plan) -> tuple[Any, ...]:
+    """Plans with equal keys lower to the same program apart from the window."""
+    n = plan.nchunksperloop
+    return (replace(plan, min_bytes=0, max_bytes=0, nominal_bytes=0, schedule=plan.events()),
+            piece_count(plan.protocol, plan.max_bytes, n, True), piece_count(plan.protocol, plan.max_bytes, n, False))
+
+
+def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
+                  builder: PlanBuilder = baseline_plan, merge: bool = True) -> list[CompiledWindow]:
+    """Compile every size window of [min, max]; adjacent windows with the same program merge."""
+    check_options(topology, options)
+    windows = size_windows(min_bytes, max_bytes)
+    plans = [builder(topology, options, w) for w in windows]
+    out: list[CompiledWindow] = []
+    cache: dict[Any, tuple[Program, Report | None]] = {}
+    for w, plan in zip(windows, plans):
+        key = _lowering_key(plan)
+        if merge and out and _lowering_key(out[-1].plan) == key:
+            last = out[-1]
+            merged = Window(last.window.min_bytes, w.max_bytes)
+            out[-1] = replace(last, window=merged, plan=plan.with_window(merged.min_bytes, merged.max_bytes),
+                              program=last.program.with_window(merged.min_bytes, merged.max_bytes))
+            continue
+        if key not in cache:
+            program = lower(plan, options.limits)
+            report = verify(program, VerifyOptions(max_steps=options.limits.max_steps)) if options.check else None
+            if report is not None and not report.ok:
+                raise VerificationFailed(w, report)
+            cache[key] = (program, report)
+        program, report = cache[key]
+        out.append(CompiledWindow(w, plan, program.with_window(w.min_bytes, w.max_bytes), report))
+    return out
+
+
+def check_divisible(program: Program, nbytes: int, dtype_bytes: int) -> None:
+    """Raise InputError when the runtime could never select this program for a call of nbytes."""
+    multiple = program.nchunksperloop * dtype_bytes
+    if nbytes % multiple:
+        raise InputError(None, "--size", f"{nbytes} bytes is not a multiple of {multiple} bytes "
+                         f"(nchunksperloop {program.nchunksperloop} x {dtype_bytes}-byte elements): the runtime would never "
+                         "select this program; choose a size that is such a multiple, or fewer chunks")
+
+
+# -- output --------------------------------------------------------------------------------------
+
+MANIFEST_DIR = ".hipipe"
+
+
+def program_file_name(cw: CompiledWindow, index: int) -> str:
+    """File name of one window's program; names sort in window order."""
+    p = cw.program
+    return f"{p.collective}-{p.ngpus}r-{index:02d}-{format_size(cw.window.min_bytes)}-{format_size(cw.window.max_bytes)}.xml"
+
+
+def check_output_path(path: str | Path, directory: bool) -> Path:
+    """Fail early, before any work, when the output cannot be written."""
+    path = Path(path)
+    parent = path if directory and path.exists() else path.parent
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise InputError(str(path), None, "expected a directory for a size range (--sizes), but a file is there")
+        if not path.exists() and not (parent.parent if parent == path else parent).exists():
+            raise InputError(str(path), None, "the parent directory does not exist")
+        target = path if path.exists() else path.parent
+    else:
+        if path.is_dir():
+            raise InputError(str(path), None, "expected a file name for one size (--size), but it is a directory")
+        target = path.parent if str(path.parent) else Path(".")
+        if not target.exists():
+            raise InputError(str(path), None, "the parent directory does not exist")
+    if not os.access(target if str(target) else ".", os.W_OK):
+        raise InputError(str(path), None, "cannot write here (permission denied)")
+    return path
+
+
+def write_file(cw: CompiledWindow, path: str | Path, dialect: Dialect = "executor") -> None:
+    """Write one window's program to a file, atomically."""
+    write_atomic(path, write_program(cw.program, dialect))
+
+
+def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifest: dict[str, Any],
+                    dialect: Dialect = "executor") -> list[Path]:
+    """Write one XML per window into a directory ready for MSCCL_ALGO_DIR.
+
+    The runtime parses every regular file of that directory as an algorithm, so the JSON
+    manifest goes into the subdirectory .hipipe/, which it skips. All XML text is produced
+    before the first file is written.
+    """
+    path = Path(path)
+    texts = [(program_file_name(cw, i), write_program(cw.program, dialect)) for i, cw in enumerate(windows)]
+    path.mkdir(parents=False, exist_ok=True)
+    (path / MANIFEST_DIR).mkdir(exist_ok=True)
+    written = []
+    for name, text in texts:
+        write_atomic(path / name, text)
+        written.append(path / name)
+    manifest = {**manifest, "files": [name for name, _ in texts]}
+    write_atomic(path / MANIFEST_DIR / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return written
+
+
+def chunk_label(plan: Plan) -> str:
+    """Pipeline chunks per loop, as '4' or '2x2' (two chunks, each split over both ring directions)."""
+    n = len(plan.chunks)
+    both = {c.direction for c in plan.chunks} == {1, -1} and n % 2 == 0 and all(
+        plan.chunks[i].order == plan.chunks[i + 1].order and plan.chunks[i].units == plan.chunks[i + 1].units
+        for i in range(0, n, 2))
+    return f"{n // 2}x2" if both else str(n)
+
+
+def window_summary(cw: CompiledWindow) -> dict[str, Any]:
+    """The facts a user wants per window: chunks, sizes, channels, threadblocks, steps."""
+    plan, program = cw.plan, cw.program
+    return {
+        "min_bytes": cw.window.min_bytes,
+        "max_bytes": cw.window.max_bytes,
+        "algorithm": plan.label,
+        "protocol": program.protocol,
+        "chunks": chunk_label(plan),
+        "chunk_units": [c.units for c in plan.chunks],
+        "orders": [list(c.order) for c in plan.chunks],
+        "nchunksperloop": program.nchunksperloop,
+        "channels": program.nchannels,
+        "threadblocks": program.max_threadblocks,
+        "longest_threadblock": program.max_steps,
+        "verified": None if cw.report is None else cw.report.ok,
+        **cw.details,
+    }

@@ -133,26 +133,27 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
                   builder: PlanBuilder = baseline_plan, merge: bool = True) -> list[CompiledWindow]:
     """Compile every size window of [min, max]; adjacent windows with the same program merge."""
     check_options(topology, options)
-    windows = size_windows(min_bytes, max_bytes)
-    plans = [builder(topology, options, w) for w in windows]
     out: list[CompiledWindow] = []
-    cache: dict[Any, tuple[Program, Report | None]] = {}
-    for w, plan in zip(windows, plans):
+    cache: dict[Any, Program] = {}
+    for w in size_windows(min_bytes, max_bytes):
+        plan = builder(topology, options, w)
         key = _lowering_key(plan)
-        if merge and out and _lowering_key(out[-1].plan) == key:
-            last = out[-1]
-            merged = Window(last.window.min_bytes, w.max_bytes)
-            out[-1] = replace(last, window=merged, plan=plan.with_window(merged.min_bytes, merged.max_bytes),
-                              program=last.program.with_window(merged.min_bytes, merged.max_bytes))
-            continue
         if key not in cache:
-            program = lower(plan, options.limits)
-            report = verify(program, VerifyOptions(max_steps=options.limits.max_steps)) if options.check else None
-            if report is not None and not report.ok:
-                raise VerificationFailed(w, report)
-            cache[key] = (program, report)
-        program, report = cache[key]
-        out.append(CompiledWindow(w, plan, program.with_window(w.min_bytes, w.max_bytes), report))
+            cache[key] = lower(plan, options.limits).with_window(0, 0)
+        program = cache[key]
+        if merge and out and out[-1].program.with_window(0, 0) == program:
+            merged = Window(out[-1].window.min_bytes, w.max_bytes)
+            out[-1] = replace(out[-1], window=merged, plan=plan.with_window(merged.min_bytes, merged.max_bytes),
+                              program=program.with_window(merged.min_bytes, merged.max_bytes))
+        else:
+            out.append(CompiledWindow(w, plan, program.with_window(w.min_bytes, w.max_bytes), None))
+    if options.check:
+        # the FIFO model depends on the window's largest size, so each final window is proven
+        for i, cw in enumerate(out):
+            report = verify(cw.program, VerifyOptions(max_steps=options.limits.max_steps))
+            if not report.ok:
+                raise VerificationFailed(cw.window, report)
+            out[i] = replace(cw, report=report)
     return out
 
 
@@ -192,14 +193,31 @@ def check_output_path(path: str | Path, directory: bool) -> Path:
         target = path.parent if str(path.parent) else Path(".")
         if not target.exists():
             raise InputError(str(path), None, "the parent directory does not exist")
+        if not target.is_dir():
+            raise InputError(str(path), None, f"{target} is not a directory")
     if not os.access(target if str(target) else ".", os.W_OK):
         raise InputError(str(path), None, "cannot write here (permission denied)")
     return path
 
 
+def _writing(path: Path):
+    """Turn an OS refusal to write into bad input (exit 2) naming the path."""
+    class _Guard:
+        def __enter__(self):
+            return None
+
+        def __exit__(self, kind, exc, tb):
+            if isinstance(exc, OSError):
+                raise InputError(str(path), None, f"cannot write: {exc.strerror or exc}") from None
+            return False
+    return _Guard()
+
+
 def write_file(cw: CompiledWindow, path: str | Path, dialect: Dialect = "executor") -> None:
     """Write one window's program to a file, atomically."""
-    write_atomic(path, write_program(cw.program, dialect))
+    text = write_program(cw.program, dialect)
+    with _writing(Path(path)):
+        write_atomic(path, text)
 
 
 def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifest: dict[str, Any],
@@ -212,14 +230,15 @@ def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifes
     """
     path = Path(path)
     texts = [(program_file_name(cw, i), write_program(cw.program, dialect)) for i, cw in enumerate(windows)]
-    path.mkdir(parents=False, exist_ok=True)
-    (path / MANIFEST_DIR).mkdir(exist_ok=True)
-    written = []
-    for name, text in texts:
-        write_atomic(path / name, text)
-        written.append(path / name)
     manifest = {**manifest, "files": [name for name, _ in texts]}
-    write_atomic(path / MANIFEST_DIR / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    written = []
+    with _writing(path):
+        path.mkdir(parents=False, exist_ok=True)
+        (path / MANIFEST_DIR).mkdir(exist_ok=True)
+        for name, text in texts:
+            write_atomic(path / name, text)
+            written.append(path / name)
+        write_atomic(path / MANIFEST_DIR / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return written
 
 

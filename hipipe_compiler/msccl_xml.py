@@ -55,6 +55,7 @@ def write_program(program: Program, dialect: Dialect = "executor") -> str:
     """
     if dialect not in DIALECTS:
         raise ValueError(f"unknown dialect {dialect!r}")
+    # legacy: its own reduce-scatter name, no outofplace flag (inplace is matched exactly)
     coll = _LEGACY_COLL.get(program.collective, program.collective) if dialect == "legacy" else program.collective
     max_bytes = program.max_bytes
     if dialect == "legacy":
@@ -64,8 +65,9 @@ def write_program(program: Program, dialect: Dialect = "executor") -> str:
     out.append(
         f'<algo name="{safe_name(program.name)}" proto="{program.protocol}" nchannels="{program.nchannels}" '
         f'nchunksperloop="{program.nchunksperloop}" ngpus="{program.ngpus}" coll="{coll}" '
-        f'inplace="{int(program.inplace)}" outofplace="{int(program.outofplace)}" '
-        f'minBytes="{program.min_bytes}" maxBytes="{max_bytes}">'
+        f'inplace="{int(program.inplace)}" '
+        + (f'outofplace="{int(program.outofplace)}" ' if dialect == "executor" else "")
+        + f'minBytes="{program.min_bytes}" maxBytes="{max_bytes}">'
     )
     for gpu in program.gpus:
         out.append(f'  <gpu id="{gpu.id}" i_chunks="{gpu.i_chunks}" o_chunks="{gpu.o_chunks}" s_chunks="{gpu.s_chunks}">')
@@ -268,7 +270,8 @@ def _parse(data: bytes, label: str, dialect: str) -> Program:
 
 def _program(reader: _Reader, a: dict[str, str], dialect: str, gpus: tuple[Gpu, ...]) -> Program:
     coll_raw = reader.choice(a, "coll", "algo", (*COLLECTIVES, "reduce_scatter", "custom"))
-    is_legacy = dialect == "legacy" or (dialect == "auto" and (coll_raw == "reduce_scatter" or "outofplace" not in a or "maxBytes" not in a))
+    # auto: the legacy runtime has its own reduce-scatter name and no outofplace attribute
+    is_legacy = dialect == "legacy" or (dialect == "auto" and (coll_raw == "reduce_scatter" or "outofplace" not in a))
     collective = "reducescatter" if coll_raw == "reduce_scatter" else coll_raw
     for key in _ALGO_REQUIRED:
         if key not in a:
@@ -394,7 +397,7 @@ def lexical_issues(data: bytes | str, limit: int = 50) -> list[LexicalIssue]:
                     break
                 if b"\t" in tail.split(b'"')[0]:
                     msg, rule = "a tab inside a tag breaks the runtime's reader", "lexical.tab"
-                elif b"'" in tail.split(b"=")[1][:1] if b"=" in tail else False:
+                elif re.match(rb"\s*[A-Za-z_][A-Za-z0-9_]*\s*=\s*'", tail):
                     msg, rule = "attribute values must use double quotes", "lexical.quotes"
                 else:
                     msg, rule = f"expected key=\"value\" attributes, got {tail[:30].decode('utf-8', 'replace')!r}", "lexical.attribute"

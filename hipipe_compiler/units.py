@@ -48,13 +48,16 @@ def parse_size_range(text: str, field: str = "sizes", source: str | None = None)
 
 
 def format_size(nbytes: int | float) -> str:
-    """Shortest exact binary-unit spelling, else a rounded one.
+    """Shortest exact binary-unit spelling, else one rounded to three decimals (always with a point).
 
-    >>> format_size(268435456), format_size(1536), format_size(1000)
-    ('256MiB', '1.5KiB', '1000B')
+    >>> format_size(268435456), format_size(1536), format_size(1000), format_size(166671156)
+    ('256MiB', '1.5KiB', '1000B', '158.95MiB')
     """
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             value = nbytes / scale
-            return f"{int(value)}{unit}" if value == int(value) else f"{value:.4g}{unit}"
+            if value == int(value):
+                return f"{int(value)}{unit}"
+            text = f"{value:.3f}".rstrip("0")
+            return f"{text}0{unit}" if text.endswith(".") else f"{text}{unit}"
     return f"{int(nbytes)}B"

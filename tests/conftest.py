@@ -1,0 +1,77 @@
+"""Shared fixtures: where ../shared is, hypothesis settings, topology strategies and a
+helper that runs the `hipipe` command the way a user does."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from hipipe_compiler.topology import Dimension, Topology
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("HIPIPE_SHARED_DIR", REPO.parent / "shared"))
+SAMPLES = REPO / "samples" / "topologies"
+
+settings.register_profile(
+    "default", deadline=None, max_examples=25, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def shared_path(*parts: str) -> Path:
+    """A file or directory under ../shared, or skip the test saying why."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: this clone has no ../shared beside it (set HIPIPE_SHARED_DIR to point at one)")
+    return path
+
+
+def real_xml_files() -> list[Path]:
+    """The real MSCCL files of ../shared/msccl-algorithms (empty when absent)."""
+    root = SHARED / "msccl-algorithms"
+    return sorted(root.glob("*/*.xml")) if root.exists() else []
+
+
+@st.composite
+def topologies(draw, max_dims: int = 4, max_ranks: int = 64, min_size: int = 2, max_size: int = 8) -> Topology:
+    """Random hierarchical topologies: 1-4 dimensions, sizes 2-8, both kinds, bounded rank count."""
+    ndims = draw(st.integers(1, max_dims))
+    dims = []
+    ranks = 1
+    for d in range(ndims):
+        room = max_ranks // ranks
+        if room < min_size:
+            break
+        size = draw(st.integers(min_size, min(max_size, room)))
+        ranks *= size
+        dims.append(Dimension(
+            size=size, kind=draw(st.sampled_from(["ring", "switch"])),
+            bandwidth=draw(st.sampled_from([12.5, 25.0, 50.0, 100.0, 200.0, 300.0])),
+            latency=draw(st.sampled_from([0.0, 0.05, 0.5, 1.0, 5.0])),
+            name=f"d{d}",
+        ))
+    assert math.prod(d.size for d in dims) <= max_ranks
+    return Topology(tuple(dims))
+
+
+COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+
+
+def hipipe_command() -> list[str]:
+    """The installed `hipipe` command, or the module when running from a bare checkout."""
+    exe = shutil.which("hipipe")
+    return [exe] if exe else [sys.executable, "-m", "hipipe_compiler"]
+
+
+def run_hipipe(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `hipipe ARGS` as a user would; returns the completed process (text output)."""
+    return subprocess.run([*hipipe_command(), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,164 @@
+"""End to end: the `hipipe` command run the way a user runs it."""
+
+import json
+
+import pytest
+
+from conftest import SAMPLES, real_xml_files, run_hipipe
+from hipipe_compiler.msccl_xml import lexical_issues, read_program
+from hipipe_compiler.topology import load_topology
+
+
+def test_quick_start_compile_then_verify(tmp_path):
+    out = tmp_path / "allreduce.xml"
+    done = run_hipipe("compile", SAMPLES / "dgx-h100-8x4.yaml", "--size", "256MiB", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert "wrote" in done.stdout and out.exists()
+    program = read_program(out)
+    assert program.ngpus == 32 and program.min_bytes == program.max_bytes == 256 << 20
+    assert lexical_issues(out.read_bytes()) == []
+    check = run_hipipe("verify", out)
+    assert check.returncode == 0, check.stdout
+    assert "verified" in check.stdout
+
+
+@pytest.mark.parametrize("coll", ["allreduce", "reducescatter", "allgather"])
+@pytest.mark.parametrize("algo", ["hierarchical", "ring"])
+def test_compile_a_range_into_a_directory(tmp_path, coll, algo):
+    out = tmp_path / "algos"
+    done = run_hipipe("compile", "torus-4x4", "--coll", coll, "--algo", algo, "--sizes", "1KiB:1GiB",
+                      "--chunks", "2", "-o", out, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    files = sorted(p for p in out.iterdir() if p.is_file())
+    assert len(files) == len(summary["windows"])
+    for f in files:
+        assert run_hipipe("verify", f).returncode == 0
+
+
+def test_quiet_prints_nothing(tmp_path):
+    done = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", tmp_path / "a.xml", "--quiet")
+    assert done.returncode == 0 and done.stdout == ""
+
+
+def test_topo_shows_a_file_and_lists_presets():
+    done = run_hipipe("topo", SAMPLES / "torus-4x4x4.yaml")
+    assert done.returncode == 0 and "64 ranks" in done.stdout
+    doc = json.loads(run_hipipe("topo", "dgx-h100-8x4", "--json").stdout)
+    assert doc["ranks"] == 32
+    listing = run_hipipe("topo", "--list").stdout
+    assert "pod-8x4x8x4" in listing
+
+
+BAD_TOPOLOGIES = {
+    "negative-bandwidth.yaml": "dimensions:\n  - {size: 8, kind: switch, bandwidth: -5, latency: 1}\n",
+    "zero-bandwidth.yaml": "dimensions:\n  - {size: 8, kind: switch, bandwidth: 0, latency: 1}\n",
+    "size-one.yaml": "dimensions:\n  - {size: 1, kind: switch, bandwidth: 5, latency: 1}\n",
+    "unknown-kind.yaml": "dimensions:\n  - {size: 8, kind: mesh, bandwidth: 5, latency: 1}\n",
+    "missing-field.yaml": "dimensions:\n  - {size: 8, kind: switch, latency: 1}\n",
+    "malformed.yaml": "dimensions: [ {size: 8, kind: switch\n",
+    "malformed.json": '{"dimensions": [',
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_TOPOLOGIES))
+def test_bad_topology_exits_2_with_one_line_and_no_output(tmp_path, name):
+    topo = tmp_path / name
+    topo.write_text(BAD_TOPOLOGIES[name])
+    out = tmp_path / "out.xml"
+    done = run_hipipe("compile", topo, "--size", "1MiB", "-o", out)
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert name in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--size", "1000"], "not a multiple"),
+    (["--size", "0"], "--size"),
+    (["--size", "12XB"], "--size"),
+    (["--sizes", "4GiB:1KiB"], "--sizes"),
+    (["--size", "1MiB", "--chunks", "0"], "--chunks"),
+    (["--size", "1MiB", "--algo", "magic"], "--algo"),
+])
+def test_bad_arguments_exit_2(tmp_path, args, needle):
+    out = tmp_path / "out.xml"
+    done = run_hipipe("compile", "dgx-h100-8x4", *args, "-o", out)
+    assert done.returncode == 2, done.stdout
+    assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_unwritable_output_exits_2(tmp_path):
+    done = run_hipipe("compile", "dgx-h100-8x4", "--size", "1MiB", "-o", tmp_path / "no" / "such" / "dir.xml")
+    assert done.returncode == 2 and "parent directory" in done.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a directory should be")
+    done = run_hipipe("compile", "dgx-h100-8x4", "--size", "1MiB", "-o", blocker / "a.xml")
+    assert done.returncode == 2 and "not a directory" in done.stderr
+    done = run_hipipe("compile", "dgx-h100-8x4", "--sizes", "1MiB:4MiB", "-o", blocker)
+    assert done.returncode == 2 and "a file is there" in done.stderr
+    done = run_hipipe("compile", "dgx-h100-8x4", "--size", "1MiB", "-o", "/proc/hipipe-test.xml")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_verify_reports_broken_rules_with_exit_1(tmp_path):
+    out = tmp_path / "a.xml"
+    assert run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", out).returncode == 0
+    text = out.read_text()
+    # drop one receive: the connection's sends and receives no longer match
+    lines = text.splitlines()
+    idx = next(i for i, line in enumerate(lines) if 'type="r"' in line)
+    del lines[idx]
+    broken = tmp_path / "broken.xml"
+    broken.write_text("\n".join(lines) + "\n")
+    done = run_hipipe("verify", broken, "--json")
+    assert done.returncode == 1
+    report = json.loads(done.stdout)
+    assert not report["ok"]
+    rules = {v["rule"] for v in report["violations"]}
+    assert "connection.count" in rules or "step.index" in rules
+    plain = run_hipipe("verify", broken)
+    assert plain.returncode == 1 and "violation" in plain.stdout
+
+
+def test_verify_flags_lexical_rules_the_runtime_would_trip_on(tmp_path):
+    out = tmp_path / "a.xml"
+    run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", out)
+    tabbed = tmp_path / "tabbed.xml"
+    tabbed.write_text(out.read_text().replace("    <tb", "\t<tb"))
+    done = run_hipipe("verify", tabbed)
+    assert done.returncode == 1 and "lexical.tab" in done.stdout
+
+
+@pytest.mark.parametrize("content", [
+    b'<!DOCTYPE x [<!ENTITY e SYSTEM "file:///etc/passwd">]><algo name="&e;"/>',
+    b'<algo name="a" proto="Simple" nchannels="x"/>',
+    b"\x00garbage",
+])
+def test_verify_refuses_hostile_or_broken_xml_with_exit_2(tmp_path, content):
+    bad = tmp_path / "bad.xml"
+    bad.write_bytes(content)
+    done = run_hipipe("verify", bad)
+    assert done.returncode == 2
+    assert "bad.xml" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_verify_accepts_the_real_files():
+    files = real_xml_files()
+    if not files:
+        pytest.skip("../shared/msccl-algorithms is absent beside this clone")
+    for f in files[:6]:
+        done = run_hipipe("verify", f)
+        assert done.returncode == 0, done.stdout
+
+
+def test_every_sample_compiles_and_verifies(tmp_path):
+    for sample in sorted(SAMPLES.iterdir()):
+        if load_topology(sample).nranks > 256:
+            continue
+        out = tmp_path / f"{sample.stem}.xml"
+        done = run_hipipe("compile", sample, "--size", "64MiB", "-o", out, "--quiet")
+        assert done.returncode == 0, (sample, done.stderr)

@@ -1,0 +1,139 @@
+"""Lowering: every program we emit verifies and stays within the runtime's limits."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import COLLECTIVES, topologies
+from hipipe_compiler.errors import PlanError
+from hipipe_compiler.lowering import lower
+from hipipe_compiler.plan import ChunkPlan, Plan, hierarchical_plan, ring_plan
+from hipipe_compiler.runtime import Limits, piece_count
+from hipipe_compiler.topology import preset
+from hipipe_compiler.verify import verify
+from strategies import plans
+
+
+def assert_within_limits(program, limits=Limits()):
+    assert program.nchannels <= limits.max_channels
+    assert program.nchunksperloop <= limits.max_offset + 1
+    for gpu in program.gpus:
+        assert len(gpu.threadblocks) <= limits.max_threadblocks
+        nodes = 1 + program.ngpus + len(gpu.threadblocks) + sum(len(tb.steps) for tb in gpu.threadblocks)
+        assert nodes <= limits.max_nodes
+        for tb in gpu.threadblocks:
+            assert len(tb.steps) <= limits.max_steps
+            assert 0 <= tb.chan < program.nchannels
+            for pos, st in enumerate(tb.steps):
+                assert st.s == pos
+                assert 0 <= st.depid <= limits.max_depid or st.depid == -1
+                if st.type != "nop":
+                    assert 1 <= st.cnt <= limits.max_count
+                    assert max(st.srcoff, st.dstoff) <= limits.max_offset
+
+
+@given(topologies(max_ranks=64), st.sampled_from(COLLECTIVES), st.integers(1, 3),
+       st.sampled_from([1 << 20, 1 << 30]), st.booleans())
+def test_baselines_verify_for_random_topologies(topo, coll, chunks, max_bytes, flat):
+    plan = (ring_plan if flat else hierarchical_plan)(topo, coll, chunks, max_bytes=max_bytes)
+    program = lower(plan)
+    report = verify(program)
+    assert report.ok, report.violations[:3]
+    assert_within_limits(program)
+    assert program.inplace and program.outofplace  # one program serves both kinds of call
+
+
+@settings(max_examples=60)
+@given(plans())
+def test_arbitrary_plans_lower_to_programs_that_verify(plan):
+    """Chunk sizes, per-chunk orders, directions, lanes, algorithms, layouts, protocols and
+    emission orders all vary; the lowering must still produce a correct program or say why not."""
+    try:
+        program = lower(plan)
+    except PlanError as exc:
+        assert any(word in str(exc) for word in ("threadblocks", "channels", "steps", "chunks per loop", "nodes")), exc
+        return
+    report = verify(program)
+    assert report.ok, (plan, report.violations[:3])
+    assert_within_limits(program)
+
+
+def test_ring_programs_fuse_receives_with_sends():
+    program = lower(ring_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
+    types = Counter(st.type for _, _, st in program.steps())
+    assert types["rrs"] and types["rrcs"] and types["rcs"]
+    for _, _, st in program.steps():
+        if st.type in ("rrc", "rrcs"):  # the local operand is the chunk being reduced
+            assert (st.srcbuf, st.srcoff) in (("i", st.dstoff), ("o", st.dstoff))
+
+
+def test_direct_exchange_reduces_in_a_dependency_chain():
+    program = lower(hierarchical_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
+    rank0 = program.gpus[0]
+    rrc = [(tb.id, st) for tb in rank0.threadblocks for st in tb.steps if st.type == "rrc" and st.dstoff >= 0]
+    # the reductions into the rank's own block, from 7 NVLink peers, are ordered by dependencies
+    assert sum(1 for _, st in rrc if st.depid >= 0) >= 6
+
+
+def test_fused_sends_fit_the_fifo_at_the_largest_size():
+    small = lower(hierarchical_plan(preset("torus-4x4"), "allreduce", max_bytes=1 << 20))
+    large = lower(hierarchical_plan(preset("torus-4x4"), "allreduce", max_bytes=1 << 30))
+    assert max(st.cnt for _, _, st in small.steps()) > 1
+    limit = piece_count("Simple", 1 << 30, large.nchunksperloop, ring=True)
+    assert limit == 1
+    for _, tb, st in large.steps():
+        if st.type == "s" and tb.recv >= 0:  # a send-first step of a fused threadblock
+            assert st.cnt <= limit
+
+
+def test_split_layout_separates_send_and_receive_threadblocks():
+    topo = preset("dgx-h100-8x2")
+    plan = hierarchical_plan(topo, "allreduce", layouts=("split", "split"), max_bytes=1 << 30)
+    program = lower(plan)
+    for tb in program.gpus[0].threadblocks:
+        assert tb.send == -1 or tb.recv == -1
+    assert verify(program).ok
+
+
+@pytest.mark.parametrize("name", ["dgx-h100-8x32", "pod-8x4x8x4"])
+def test_large_hierarchical_allreduce_fits_the_runtime(name):
+    """msccl-tools cannot produce a hierarchical all-reduce beyond 8x8; we do 256 and 1024 ranks."""
+    topo = preset(name)
+    program = lower(hierarchical_plan(topo, "allreduce", max_bytes=1 << 30))
+    assert program.ngpus == topo.nranks
+    assert_within_limits(program)
+    report = verify(program)
+    assert report.ok, report.violations[:3]
+
+
+def test_too_many_chunks_is_refused_with_a_reason():
+    plan = hierarchical_plan(preset("pod-8x4x8x4"), "allreduce", chunks=20, max_bytes=1 << 30)
+    with pytest.raises(PlanError, match="int16"):
+        lower(plan)
+
+
+def test_unsplittable_threadblock_budget_is_refused_with_a_reason():
+    plan = hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", chunks=2, lanes=2, max_bytes=1 << 20)
+    from hipipe_compiler.runtime import Limits as L
+    with pytest.raises(PlanError, match="threadblocks"):
+        lower(plan, L(max_threadblocks=8))
+
+
+def test_lanes_run_chunks_on_separate_channels():
+    topo = preset("dgx-h100-8x2")
+    one = lower(hierarchical_plan(topo, "allreduce", chunks=2, lanes=1, max_bytes=1 << 20))
+    two = lower(hierarchical_plan(topo, "allreduce", chunks=2, lanes=2, max_bytes=1 << 20))
+    assert two.max_threadblocks == 2 * one.max_threadblocks
+    assert two.nchannels == 2 and one.nchannels == 1
+    assert verify(two).ok
+
+
+def test_reducescatter_and_allgather_use_the_runtime_buffer_sizes():
+    topo = preset("dgx-h100-8x2")
+    rs = lower(hierarchical_plan(topo, "reducescatter", chunks=2))
+    ag = lower(hierarchical_plan(topo, "allgather", chunks=2))
+    assert (rs.gpus[0].i_chunks, rs.gpus[0].o_chunks) == (rs.nchunksperloop, rs.nchunksperloop // 16)
+    assert (ag.gpus[0].i_chunks, ag.gpus[0].o_chunks) == (ag.nchunksperloop // 16, ag.nchunksperloop)
+    assert rs.gpus[0].s_chunks > 0  # partial sums live in scratch, never in the user's send buffer

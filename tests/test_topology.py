@@ -1,0 +1,151 @@
+"""Topologies: coordinates, peers, the link rule of cost-model.md section 2, files and presets."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import SAMPLES, topologies
+from hipipe_compiler.errors import InputError
+from hipipe_compiler.topology import PRESETS, Dimension, Topology, load_topology, preset
+
+
+@given(topologies(max_ranks=256))
+def test_rank_coordinate_bijection(topo):
+    seen = set()
+    for r in range(topo.nranks):
+        c = topo.coords(r)
+        assert all(0 <= ci < d.size for ci, d in zip(c, topo.dimensions))
+        assert topo.rank(c) == r
+        seen.add(c)
+    assert len(seen) == topo.nranks
+
+
+@given(topologies(max_ranks=128), st.data())
+def test_shift_moves_one_coordinate(topo, data):
+    r = data.draw(st.integers(0, topo.nranks - 1))
+    d = data.draw(st.integers(0, topo.ndims - 1))
+    delta = data.draw(st.integers(-9, 9))
+    s = topo.shift(r, d, delta)
+    cr, cs = topo.coords(r), topo.coords(s)
+    n = topo.dimensions[d].size
+    assert cs[d] == (cr[d] + delta) % n
+    assert all(cs[j] == cr[j] for j in range(topo.ndims) if j != d)
+
+
+@given(topologies(max_ranks=64))
+def test_link_rule(topo):
+    """switch: any pair whose highest differing dimension is a switch; ring: neighbours in that
+    dimension alone, capacity B/2 per direction (B for a ring of two)."""
+    for a in range(topo.nranks):
+        for b in range(topo.nranks):
+            res = topo.link_resources(a, b)
+            if a == b:
+                assert res is None
+                continue
+            ca, cb = topo.coords(a), topo.coords(b)
+            d = max(j for j in range(topo.ndims) if ca[j] != cb[j])
+            dim = topo.dimensions[d]
+            if dim.kind == "switch":
+                assert res == ((("out", a, d), dim.bandwidth), (("in", b, d), dim.bandwidth))
+            else:
+                only_d = all(ca[j] == cb[j] for j in range(topo.ndims) if j != d)
+                neighbours = (cb[d] - ca[d]) % dim.size in (1, dim.size - 1)
+                if only_d and neighbours:
+                    cap = dim.bandwidth / 2 if dim.size >= 3 else dim.bandwidth
+                    assert res == ((("link", a, b), cap),)
+                else:
+                    assert res is None
+
+
+def test_link_rule_examples():
+    torus = preset("torus-4x4")
+    assert torus.has_link(0, 1) and torus.has_link(0, 3) and torus.has_link(0, 4)
+    assert not torus.has_link(0, 2)  # two hops along x
+    assert not torus.has_link(0, 5)  # diagonal
+    dgx = preset("dgx-h100-8x4")
+    assert dgx.has_link(0, 13)  # rail-connected fabric reaches any rank of another node
+    assert dgx.link_latency(0, 13) == 5.0 and dgx.link_latency(0, 7) == 1.0
+
+
+@given(topologies(max_ranks=256))
+def test_ring_order_is_a_legal_cycle_through_every_rank(topo):
+    order = topo.ring_order()
+    assert sorted(order) == list(range(topo.nranks))
+    for a, b in zip(order, order[1:] + order[:1]):
+        assert topo.has_link(a, b), (a, b)
+
+
+@given(topologies(max_ranks=128), st.data())
+def test_peers_and_groups(topo, data):
+    r = data.draw(st.integers(0, topo.nranks - 1))
+    for d, dim in enumerate(topo.dimensions):
+        group = topo.group(r, d)
+        assert len(group) == dim.size and r in group
+        assert [topo.coord(x, d) for x in group] == list(range(dim.size))
+        for p in topo.peers(r, d):
+            assert topo.has_link(r, p)
+
+
+def test_samples_and_presets_load():
+    for path in sorted(SAMPLES.iterdir()):
+        topo = load_topology(path)
+        assert topo.nranks >= 2 and topo.name
+    for name, topo in PRESETS.items():
+        assert load_topology(name) == topo
+    assert preset("pod-8x4x8x4").nranks == 1024
+
+
+def test_json_and_yaml_give_the_same_topology(tmp_path):
+    doc = preset("torus-4x4x4").to_document()
+    (tmp_path / "t.json").write_text(json.dumps(doc))
+    import yaml
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(doc))
+    assert load_topology(tmp_path / "t.json") == load_topology(tmp_path / "t.yaml") == preset("torus-4x4x4")
+
+
+BAD = [
+    ("dimensions:\n  - {size: 8, kind: switch, bandwidth: -5, latency: 1}\n", "dimensions[0].bandwidth", "> 0"),
+    ("dimensions:\n  - {size: 8, kind: switch, bandwidth: 0, latency: 1}\n", "dimensions[0].bandwidth", "> 0"),
+    ("dimensions:\n  - {size: 1, kind: ring, bandwidth: 5, latency: 1}\n", "dimensions[0].size", ">= 2"),
+    ("dimensions:\n  - {size: 4, kind: torus, bandwidth: 5, latency: 1}\n", "dimensions[0].kind", "ring, switch"),
+    ("dimensions:\n  - {size: 4, kind: ring, bandwidth: 5}\n", "dimensions[0].latency", "missing"),
+    ("dimensions:\n  - {size: 4, kind: ring, bandwidth: 5, latency: -1}\n", "dimensions[0].latency", ">= 0"),
+    ("dimensions:\n  - {size: four, kind: ring, bandwidth: 5, latency: 1}\n", "dimensions[0].size", "integer"),
+    ("dimensions:\n  - {size: 4, kind: ring, bandwidth: 5, latency: 1, speed: 3}\n", "dimensions[0]", "unknown field"),
+    ("dimensions: []\n", "dimensions", "at least 1"),
+    ("name: x\n", "dimensions", "missing"),
+    ("dimensions:\n  - {size: 4, kind: ring\n", None, "malformed YAML"),
+    ("- just\n- a list\n", "(top level)", "object"),
+]
+
+
+@pytest.mark.parametrize("text,field,expect", BAD)
+def test_bad_topology_files_name_file_field_and_expectation(tmp_path, text, field, expect):
+    path = tmp_path / "topo.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_topology(path)
+    message = str(info.value)
+    assert message.startswith(str(path))
+    if field:
+        assert field in message
+    assert expect in message
+    assert "\n" not in message
+
+
+def test_unknown_preset_and_missing_file():
+    with pytest.raises(InputError, match="preset"):
+        load_topology("no-such-preset")
+    with pytest.raises(InputError, match="cannot read"):
+        load_topology("/nonexistent/topo.yaml")
+
+
+def test_dimension_rejects_bad_values_directly():
+    with pytest.raises(InputError):
+        Dimension(1, "ring", 1.0, 1.0)
+    with pytest.raises(InputError):
+        Dimension(4, "ring", float("nan"), 1.0)
+    with pytest.raises(InputError):
+        Topology(())

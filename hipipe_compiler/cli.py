@@ -25,6 +25,7 @@ from .msccl_xml import DIALECTS, lexical_issues, read_program
 from .program import PLANNED_COLLECTIVES, PROTOCOLS
 from .topology import PRESETS, load_topology
 from .units import format_size, parse_size, parse_size_range
+from .simulate import SimulationError, simulate
 from .verify import Report, VerifyOptions, Violation, verify
 
 
@@ -97,6 +98,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--json", action="store_true", help="print the per-window summary as JSON")
 
+    p = sub.add_parser("simulate", help="time an MSCCL XML program on a topology (cost-model.md)")
+    p.add_argument("file", help="an MSCCL XML algorithm file")
+    p.add_argument("--topo", required=True, help="a YAML/JSON topology file or a preset")
+    p.add_argument("--size", required=True, type=_size("--size"), help="call size in bytes (nccl-tests convention), e.g. 1GiB")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = sub.add_parser("bench", help="every algorithm on every topology and size of a grid, side by side")
+    p.add_argument("--grid", default=None, help="grid file (default: benchmarks/grid.yaml of the checkout, configs C1 C3 C5 C6)")
+    p.add_argument("--sizes", nargs="+", type=_size("--sizes"), help="override the grid's sizes, e.g. 1MiB 64MiB 1GiB")
+    p.add_argument("--algos", nargs="+", help="override the grid's algorithms")
+    p.add_argument("--topo", nargs="+", help="benchmark these topologies (files or presets) instead of the grid's")
+    p.add_argument("--plot", help="write busbw against size, one panel per topology, to this PNG/SVG file")
+    p.add_argument("--csv", help="also write the rows as CSV to this file")
+    p.add_argument("--json", help="also write the rows as JSON to this file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
     p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
     p.add_argument("file", help="an MSCCL XML algorithm file")
     p.add_argument("--max-steps", type=_int("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
@@ -111,13 +128,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify}[args.command](args)
+        return {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify, "simulate": cmd_simulate,
+                "bench": cmd_bench}[args.command](args)
     except InputError as exc:
         print(f"hipipe: error: {exc}", file=sys.stderr)
         return 2
     except PlanError as exc:
         print(f"hipipe: error: cannot compile this plan: {exc}", file=sys.stderr)
         return 2
+    except SimulationError as exc:
+        print(f"hipipe: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     except BrokenPipeError:
         return 0
     except KeyboardInterrupt:
@@ -231,6 +252,78 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         _report_violations(str(path), report)
     return 0 if report.ok else 1
+
+
+# -- simulate -----------------------------------------------------------------------------------
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    program = read_program(args.file)
+    topo = load_topology(args.topo)
+    if program.ngpus != topo.nranks:
+        raise InputError(args.file, "algo.ngpus", f"the program is for {program.ngpus} ranks but {topo.label} has {topo.nranks}")
+    result = simulate(program, topo, args.size)
+    if args.json:
+        _print_json({"file": args.file, "topology": topo.label, **result.to_dict()})
+        return 0
+    u = result.utilisation
+    print(f"{args.file}: {program.collective} of {format_size(args.size)} on {topo.label} ({topo.nranks} ranks), "
+          f"{result.iterations} iteration(s)")
+    print(f"  time {result.time_us:,.2f} us   algbw {result.algbw_GBps:,.2f} GB/s   busbw {result.busbw_GBps:,.2f} GB/s")
+    if result.lower_bound_us is not None:
+        print(f"  physical limit T_LB {result.lower_bound_us:,.2f} us   utilisation T_LB/T {u:.3f}")
+    rows = [(d.name, format_size(d.bytes_per_rank), f"{d.busy_fraction:.3f}") for d in result.dims]
+    print(tabulate(rows, headers=("dimension", "bytes sent per rank", "busy fraction")))
+    return 0
+
+
+# -- bench --------------------------------------------------------------------------------------
+
+
+def _default_grid() -> Path:
+    return Path(__file__).resolve().parent.parent / "benchmarks" / "grid.yaml"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dataclasses import replace as dc_replace
+
+    from .bench import BASELINES, Grid, check_algorithms, load_grid, plot, run_grid, table, to_csv, to_json
+    for target in (args.plot, args.csv, args.json):
+        if target:
+            check_output_path(target, directory=False)
+    if args.grid:
+        grid = load_grid(args.grid)
+    elif args.topo:
+        grid = Grid({load_topology(t).label: load_topology(t) for t in args.topo}, (1 << 20, 64 << 20, 1 << 30))
+    else:
+        path = _default_grid()
+        if not path.is_file():
+            raise InputError(str(path), None, "no default grid here; pass --grid FILE or --topo")
+        grid = load_grid(path)
+    if args.topo and args.grid:
+        grid = dc_replace(grid, topologies={load_topology(t).label: load_topology(t) for t in args.topo})
+    if args.sizes:
+        grid = dc_replace(grid, sizes=tuple(args.sizes))
+    if args.algos:
+        check_algorithms(args.algos, BASELINES)
+        grid = dc_replace(grid, algorithms=tuple(args.algos))
+    rows = run_grid(grid, progress=not args.no_progress and sys.stderr.isatty())
+    print(table(rows))
+    if args.csv:
+        write_text(args.csv, to_csv(rows))
+    if args.json:
+        write_text(args.json, to_json(rows))
+    if args.plot:
+        plot(rows, args.plot, grid)
+    return 0
+
+
+def write_text(path: str, text: str) -> None:
+    from .msccl_xml import write_atomic
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise InputError(path, None, f"cannot write: {exc.strerror or exc}") from None
 
 
 if __name__ == "__main__":

@@ -122,7 +122,7 @@ def baseline_plan(topology: Topology, options: CompileOptions, window: Window) -
                              max_bytes=window.max_bytes, nominal_bytes=window.max_bytes)
 
 
-def _lowering_key(plan: Plan) -> tuple[Any, ...]:
+def lowering_key(plan: Plan) -> tuple[Any, ...]:
     """Plans with equal keys lower to the same program apart from the window."""
     n = plan.nchunksperloop
     return (replace(plan, min_bytes=0, max_bytes=0, nominal_bytes=0, schedule=plan.events()),
@@ -137,7 +137,7 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
     cache: dict[Any, Program] = {}
     for w in size_windows(min_bytes, max_bytes):
         plan = builder(topology, options, w)
-        key = _lowering_key(plan)
+        key = lowering_key(plan)
         if key not in cache:
             cache[key] = lower(plan, options.limits).with_window(0, 0)
         program = cache[key]

@@ -10,11 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from functools import lru_cache
+
 import jsonschema
 import yaml
+from referencing import Registry, Resource
 
 from .errors import InputError
-from .resources import load_json_schema
+from .resources import load_json_schema, schema_path
 
 MAX_DOCUMENT_BYTES = 64 << 20
 
@@ -99,10 +102,22 @@ def _expected(error: jsonschema.ValidationError) -> str:
     return error.message
 
 
+@lru_cache(maxsize=1)
+def _registry() -> Registry:
+    """Every schema of schemas/ by its $id, so schemas can refer to each other."""
+    directory = schema_path("topology.schema.json").parent
+    resources = []
+    for path in sorted(directory.glob("*.schema.json")):
+        contents = load_json_schema(path.name)
+        if "$id" in contents:
+            resources.append((contents["$id"], Resource.from_contents(contents)))
+    return Registry().with_resources(resources)
+
+
 def validate_document(data: Any, schema_name: str, source: str | None) -> None:
     """Raise InputError for the first schema violation, in document order."""
     schema = load_json_schema(schema_name)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(schema, registry=_registry())
     errors = list(validator.iter_errors(data))
     if not errors:
         return

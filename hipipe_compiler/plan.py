@@ -341,3 +341,44 @@ def ring_plan(
     )
     check_plan(plan)
     return plan
+
+
+def themis_orders(topology: Topology, chunks: int, chunk_bytes: float) -> list[tuple[int, ...]]:
+    """Themis' OfflineGreedy dimension orders (algorithms.md 5.3), one per chunk.
+
+    Each chunk reduce-scatters through the dimensions in ascending accumulated load, so the
+    least loaded dimension carries the most data; loads are times normalised to dimension
+    0's bandwidth. When the load gap is below 1/16 of a chunk, the default order is kept.
+    """
+    dims = topology.dimensions
+    load = [0.0] * len(dims)
+    default = tuple(range(len(dims)))
+    orders = []
+    for _ in range(chunks):
+        gap_bytes = (max(load) - min(load)) * dims[0].bandwidth * 1e3
+        order = default if gap_bytes < chunk_bytes / 16 else tuple(sorted(range(len(dims)), key=lambda d: (load[d], d)))
+        size = chunk_bytes
+        for d in order:
+            n = dims[d].size
+            load[d] += size * (n - 1) / n / (dims[d].bandwidth / dims[0].bandwidth) / (dims[0].bandwidth * 1e3)
+            size /= n
+        orders.append(order)
+    return orders
+
+
+def themis_plan(
+    topology: Topology,
+    collective: str = "allreduce",
+    chunks: int = 16,
+    protocol: str = "Simple",
+    min_bytes: int = 0,
+    max_bytes: int = 0,
+    nominal_bytes: int = 0,
+    label: str = "",
+) -> Plan:
+    """Themis-like: uniform chunks, each with its dimension order chosen greedily by load."""
+    nbytes = nominal_bytes or max_bytes or (1 << 20)
+    orders = themis_orders(topology, chunks, nbytes / chunks)
+    plan = hierarchical_plan(topology, collective, chunks, protocol, orders=orders, min_bytes=min_bytes,
+                             max_bytes=max_bytes, nominal_bytes=nbytes, label=label or f"themis-k{chunks}")
+    return replace(plan, name=f"{collective}-themis-k{chunks}-{topology.label}")

@@ -162,3 +162,28 @@ def test_every_sample_compiles_and_verifies(tmp_path):
         out = tmp_path / f"{sample.stem}.xml"
         done = run_hipipe("compile", sample, "--size", "64MiB", "-o", out, "--quiet")
         assert done.returncode == 0, (sample, done.stderr)
+
+
+def test_simulate_prints_time_and_json(tmp_path):
+    out = tmp_path / "a.xml"
+    run_hipipe("compile", "dgx-h100-8x4", "--size", "64MiB", "-o", out)
+    done = run_hipipe("simulate", out, "--topo", SAMPLES / "dgx-h100-8x4.yaml", "--size", "64MiB")
+    assert done.returncode == 0 and "busbw" in done.stdout and "utilisation" in done.stdout
+    data = json.loads(run_hipipe("simulate", out, "--topo", "dgx-h100-8x4", "--size", "64MiB", "--json").stdout)
+    for key in ("time_us", "lower_bound_us", "utilisation", "algbw_GBps", "busbw_GBps", "iterations"):
+        assert key in data
+    assert 0 < data["utilisation"] <= 1
+    wrong = run_hipipe("simulate", out, "--topo", "torus-4x4", "--size", "64MiB")
+    assert wrong.returncode == 2 and "32 ranks" in wrong.stderr
+
+
+def test_bench_writes_table_csv_json_and_plot(tmp_path):
+    done = run_hipipe("bench", "--topo", "torus-4x4", "--sizes", "1MiB", "64MiB", "--algos", "hierarchical", "ring",
+                      "--csv", tmp_path / "b.csv", "--json", tmp_path / "b.json", "--plot", tmp_path / "b.png",
+                      "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "hierarchical" in done.stdout and "T/T_LB" in done.stdout
+    assert len(json.loads((tmp_path / "b.json").read_text())) == 4
+    assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
+    bad = run_hipipe("bench", "--topo", "torus-4x4", "--algos", "magic", "--no-progress")
+    assert bad.returncode == 2 and "unknown algorithm" in bad.stderr

@@ -1,0 +1,248 @@
+"""Benchmarks: every algorithm on every topology and size of a grid, lowered to real MSCCL
+programs and timed by the simulator side by side.
+
+>>> grid = Grid({"C1": load_topology("dgx-h100-8x4")}, (1 << 20,), "allreduce", ("hierarchical", "ring"))
+>>> rows = run_grid(grid, progress=False)
+>>> [(r.algorithm, r.speedup is not None) for r in rows]
+[('hierarchical', True), ('ring', True)]
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .compiler import lowering_key
+from .documents import load_document, validate_document
+from .errors import InputError, PlanError
+from .lowering import lower
+from .plan import Plan, hierarchical_plan, ring_plan, themis_plan
+from .program import Program
+from .simulate import SimulationError, simulate
+from .topology import Topology, load_topology, topology_from_document
+from .units import format_size, parse_size
+
+PlanFor = Callable[[Topology, str, int, str], Plan]
+
+
+def _hier(k: int) -> PlanFor:
+    def build(topo: Topology, coll: str, nbytes: int, proto: str) -> Plan:
+        return hierarchical_plan(topo, coll, k, proto, min_bytes=nbytes, max_bytes=nbytes, nominal_bytes=nbytes,
+                                 label="hierarchical" if k == 1 else f"hierarchical-k{k}")
+    return build
+
+
+#: The baselines of the simulator issue (algorithms.md 5): plans through the normal lowering.
+BASELINES: dict[str, PlanFor] = {
+    "ring": lambda topo, coll, nbytes, proto: ring_plan(topo, coll, 1, proto, nbytes, nbytes, nbytes),
+    "hierarchical": _hier(1),
+    "hierarchical-k4": _hier(4),
+    "hierarchical-k16": _hier(16),
+    "themis": lambda topo, coll, nbytes, proto: themis_plan(topo, coll, 16, proto, nbytes, nbytes, nbytes),
+}
+REFERENCE = "hierarchical"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Named topologies, message sizes, one collective and the algorithms to compare."""
+
+    topologies: dict[str, Topology]
+    sizes: tuple[int, ...]
+    collective: str = "allreduce"
+    algorithms: tuple[str, ...] = tuple(BASELINES)
+    protocol: str = "Simple"
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One algorithm at one size on one topology; `error` says why there is no time."""
+
+    topology: str
+    nranks: int
+    nbytes: int
+    algorithm: str
+    time_us: float | None
+    lower_bound_us: float | None
+    busbw_GBps: float | None
+    speedup: float | None = None  # time of the reference (unpipelined hierarchical) / this time
+    error: str | None = None
+    details: dict[str, Any] | None = None
+
+    @property
+    def t_over_lb(self) -> float | None:
+        if self.time_us is None or not self.lower_bound_us:
+            return None
+        return self.time_us / self.lower_bound_us
+
+
+def load_grid(path: str | Path) -> Grid:
+    """A grid file (schemas/grid.schema.json): topologies by preset, file or inline definition."""
+    source = str(path)
+    doc = load_document(path)
+    validate_document(doc, "grid.schema.json", source)
+    topos: dict[str, Topology] = {}
+    for name, spec in doc["topologies"].items():
+        if isinstance(spec, str):
+            candidate = Path(path).parent / spec
+            topos[name] = load_topology(candidate if candidate.is_file() else spec)
+        else:
+            topos[name] = topology_from_document({"name": name, **spec}, f"{source}: topologies.{name}")
+    sizes = tuple(parse_size(s, "sizes", source) for s in doc["sizes"])
+    algos = tuple(doc.get("algorithms", BASELINES))
+    return Grid(topos, sizes, doc.get("collective", "allreduce"), algos, doc.get("protocol", "Simple"))
+
+
+def check_algorithms(names: Sequence[str], known: dict[str, Any]) -> None:
+    for name in names:
+        if name not in known:
+            raise InputError(None, "--algos", f"unknown algorithm {name!r}; expected some of {', '.join(known)}")
+
+
+def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | None = None,
+             extra: dict[str, Callable[[Topology, str, int], tuple[Program, dict[str, Any]]]] | None = None
+             ) -> list[BenchRow]:
+    """Compile and simulate every (topology, size, algorithm); returns one row each.
+
+    `extra` adds algorithms that produce their own program (the HiPIPE optimizer).
+    """
+    builders = dict(BASELINES if builders is None else builders)
+    extra = extra or {}
+    check_algorithms(grid.algorithms, {**builders, **extra})
+    tasks = [(name, topo, size, algo) for name, topo in grid.topologies.items() for size in grid.sizes
+             for algo in grid.algorithms]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(tasks), desc="bench", unit="run", leave=False)
+    cache: dict[Any, Program] = {}
+    rows: list[BenchRow] = []
+    for name, topo, size, algo in tasks:
+        if bar is not None:
+            bar.set_postfix_str(f"{name} {format_size(size)} {algo}")
+        rows.append(_run_one(name, topo, size, algo, grid, builders, extra, cache))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return _with_speedups(rows)
+
+
+def _run_one(name: str, topo: Topology, size: int, algo: str, grid: Grid, builders: dict, extra: dict,
+             cache: dict) -> BenchRow:
+    details = None
+    try:
+        if algo in extra:
+            program, details = extra[algo](topo, grid.collective, size)
+        else:
+            plan = builders[algo](topo, grid.collective, size, grid.protocol)
+            key = lowering_key(plan)
+            if key not in cache:
+                cache[key] = lower(plan)
+            program = cache[key]
+        result = simulate(program, topo, size)
+    except (PlanError, SimulationError) as exc:
+        return BenchRow(name, topo.nranks, size, algo, None, None, None, error=str(exc))
+    return BenchRow(name, topo.nranks, size, algo, result.time_us, result.lower_bound_us, result.busbw_GBps,
+                    details=details)
+
+
+def _with_speedups(rows: list[BenchRow]) -> list[BenchRow]:
+    ref = {(r.topology, r.nbytes): r.time_us for r in rows if r.algorithm == REFERENCE and r.time_us}
+    out = []
+    for r in rows:
+        base = ref.get((r.topology, r.nbytes))
+        out.append(replace(r, speedup=base / r.time_us if base and r.time_us else None))
+    return out
+
+
+# -- reports ------------------------------------------------------------------------------------
+
+
+def table(rows: Sequence[BenchRow]) -> str:
+    """The side-by-side table: time, T/T_LB, busbw and speedup over the unpipelined hierarchical."""
+    from tabulate import tabulate
+    body = []
+    for r in rows:
+        if r.time_us is None:
+            body.append((r.topology, format_size(r.nbytes), r.algorithm, "-", "-", "-", "-", (r.error or "")[:60]))
+        else:
+            body.append((r.topology, format_size(r.nbytes), r.algorithm, f"{r.time_us:,.1f}",
+                         f"{r.t_over_lb:.3f}" if r.t_over_lb else "-", f"{r.busbw_GBps:,.1f}",
+                         f"{r.speedup:.2f}x" if r.speedup else "-", ""))
+    return tabulate(body, headers=("topology", "size", "algorithm", "time us", "T/T_LB", "busbw GB/s",
+                                   f"vs {REFERENCE}", "note"), disable_numparse=True)
+
+
+def to_records(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        d = asdict(r)
+        d["t_over_lb"] = r.t_over_lb
+        if d.get("details") is None:
+            d.pop("details", None)
+        out.append(d)
+    return out
+
+
+def to_csv(rows: Sequence[BenchRow]) -> str:
+    records = to_records(rows)
+    fields = ["topology", "nranks", "nbytes", "algorithm", "time_us", "lower_bound_us", "t_over_lb", "busbw_GBps",
+              "speedup", "error"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return buf.getvalue()
+
+
+def to_json(rows: Sequence[BenchRow]) -> str:
+    return json.dumps(to_records(rows), indent=2) + "\n"
+
+
+def plot(rows: Sequence[BenchRow], path: str | Path, grid: Grid) -> None:
+    """busbw against message size, one line per algorithm, one panel per topology, with the
+    physical limit (the busbw at T_LB) drawn as a dashed line."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(grid.topologies)
+    cols = min(2, len(names))
+    nrows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(6.4 * cols, 4.2 * nrows), squeeze=False)
+    for i, name in enumerate(names):
+        ax = axes[i // cols][i % cols]
+        mine = [r for r in rows if r.topology == name]
+        for algo in grid.algorithms:
+            pts = sorted((r.nbytes, r.busbw_GBps) for r in mine if r.algorithm == algo and r.busbw_GBps)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=algo)
+        limit = sorted({(r.nbytes, r.busbw_GBps * r.time_us / r.lower_bound_us) for r in mine
+                        if r.busbw_GBps and r.lower_bound_us})
+        if limit:
+            by_size: dict[int, float] = {}
+            for size, bw in limit:
+                by_size[size] = bw
+            xs = sorted(by_size)
+            ax.plot(xs, [by_size[x] for x in xs], "k--", linewidth=1, label="physical limit")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{name} ({grid.topologies[name].nranks} ranks)")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    for j in range(len(names), nrows * cols):
+        axes[j // cols][j % cols].axis("off")
+    fig.suptitle(f"{grid.collective}: bus bandwidth by message size (simulated)")
+    fig.tight_layout()
+    from .msccl_xml import write_atomic
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
+    plt.close(fig)
+    write_atomic(path, buf.getvalue())

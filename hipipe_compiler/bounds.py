@@ -1,0 +1,126 @@
+"""The physical limit T_LB of cost-model.md section 4: what no schedule on this topology can
+beat, for a collective of M bytes. It depends on the topology and M only.
+
+>>> from hipipe_compiler.topology import preset
+>>> round(lower_bound_us(preset("dgx-h100-8x4"), "allreduce", 1 << 30), 2)
+5943.93
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .topology import Topology
+
+#: Collectives with a bound; the others report none (cost-model.md 3).
+BOUNDED = ("allreduce", "reducescatter", "allgather")
+
+
+@dataclass(frozen=True)
+class Bound:
+    """T_LB and its parts, in microseconds; `binding_from` is k of the binding suffix S_k."""
+
+    bandwidth_us: float
+    latency_us: float
+    binding_from: int
+
+    @property
+    def total_us(self) -> float:
+        return max(self.bandwidth_us, self.latency_us)
+
+
+def bandwidth_bound_us(topology: Topology, collective: str, nbytes: float) -> tuple[float, int]:
+    """max over suffixes S_k of 2(prod n - 1) M / (N sum B) (halved for RS/AG), and the binding k.
+
+    The ranks sharing coordinates in S_k form super-nodes that can only talk through the
+    dimensions of S_k, so that much data must cross links whose total capacity is N sum B.
+    """
+    factor = 2.0 if collective == "allreduce" else 1.0
+    n = topology.nranks
+    best, where = 0.0, 0
+    for k in range(topology.ndims):
+        dims = topology.dimensions[k:]
+        supernodes = math.prod(d.size for d in dims)
+        capacity = sum(d.bandwidth for d in dims) * 1e3  # bytes per microsecond per rank
+        t = factor * (supernodes - 1) * nbytes / (n * capacity)
+        if t > best:
+            best, where = t, k
+    return best, where
+
+
+@lru_cache(maxsize=256)
+def latency_bound_us(topology: Topology) -> float:
+    """The largest, over rank pairs, of the smallest sum of alpha along a legal path.
+
+    Coordinate shifts map the topology onto itself, so the distances from rank 0 are those
+    from every rank: one Dijkstra from rank 0 suffices.
+    """
+    dist = {0: 0.0}
+    heap = [(0.0, 0)]
+    done: set[int] = set()
+    while heap:
+        d, u = heapq.heappop(heap)
+        if u in done:
+            continue
+        done.add(u)
+        for v, alpha in _neighbours(topology, u):
+            nd = d + alpha
+            if nd < dist.get(v, math.inf):
+                dist[v] = nd
+                heapq.heappush(heap, (nd, v))
+    return max(dist.values())
+
+
+def _neighbours(topology: Topology, u: int):
+    """Every rank one legal message away from u, with that message's alpha."""
+    coords = topology.coords(u)
+    for d, dim in enumerate(topology.dimensions):
+        if dim.kind == "ring":
+            for delta in (1, -1):
+                yield topology.shift(u, d, delta), dim.latency
+            continue
+        # switch: any rank whose highest differing dimension is d
+        lower = [range(topology.dimensions[j].size) for j in range(d)]
+        for c in range(dim.size):
+            if c == coords[d]:
+                continue
+            base = list(coords)
+            base[d] = c
+            for low in _product(lower):
+                base[:d] = low
+                yield topology.rank(base), dim.latency
+
+
+def _product(ranges):
+    if not ranges:
+        yield []
+        return
+    for head in ranges[0]:
+        for rest in _product(ranges[1:]):
+            yield [head, *rest]
+
+
+def lower_bound(topology: Topology, collective: str, nbytes: float) -> Bound | None:
+    """T_LB for a collective of nbytes (nccl-tests size), or None without a bound."""
+    if collective not in BOUNDED:
+        return None
+    bw, k = bandwidth_bound_us(topology, collective, nbytes)
+    return Bound(bw, latency_bound_us(topology), k)
+
+
+def lower_bound_us(topology: Topology, collective: str, nbytes: float) -> float | None:
+    """T_LB in microseconds, or None for a collective without a bound."""
+    b = lower_bound(topology, collective, nbytes)
+    return None if b is None else b.total_us
+
+
+def bus_factor(collective: str, nranks: int) -> float:
+    """busbw / algbw, the nccl-tests definitions."""
+    if collective == "allreduce":
+        return 2 * (nranks - 1) / nranks
+    if collective in ("reducescatter", "allgather", "alltoall"):
+        return (nranks - 1) / nranks
+    return 1.0

@@ -1,0 +1,63 @@
+"""Benchmarks: the grid file, the side-by-side rows, and their table, CSV, JSON and plot."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from conftest import REPO
+from hipipe_compiler.bench import BASELINES, Grid, load_grid, plot, run_grid, table, to_csv, to_json
+from hipipe_compiler.errors import InputError
+from hipipe_compiler.topology import preset
+
+GRID = REPO / "benchmarks" / "grid.yaml"
+
+
+def test_shipped_grid_has_the_recommended_configs():
+    grid = load_grid(GRID)
+    assert sorted(grid.topologies) == ["C1", "C3", "C5", "C6"]
+    assert [t.nranks for t in grid.topologies.values()] == [32, 16, 64, 64]
+    assert grid.sizes[0] == 64 << 10 and grid.sizes[-1] == 1 << 30
+    assert set(grid.algorithms) <= set(BASELINES)
+
+
+def test_rows_speedups_and_reports(tmp_path):
+    grid = Grid({"C1": preset("dgx-h100-8x4"), "C3": preset("torus-4x4")}, (1 << 20, 64 << 20),
+                algorithms=("hierarchical", "hierarchical-k4", "themis", "ring"))
+    rows = run_grid(grid, progress=False)
+    assert len(rows) == 2 * 2 * 4
+    for r in rows:
+        assert r.time_us >= r.lower_bound_us
+        ref = next(x for x in rows if x.topology == r.topology and x.nbytes == r.nbytes and x.algorithm == "hierarchical")
+        assert r.speedup == pytest.approx(ref.time_us / r.time_us)
+    # pipelining pays at 64 MiB on C1
+    c1 = {r.algorithm: r for r in rows if r.topology == "C1" and r.nbytes == 64 << 20}
+    assert c1["hierarchical-k4"].time_us < c1["hierarchical"].time_us
+    text = table(rows)
+    assert "T/T_LB" in text and "themis" in text
+    records = list(csv.DictReader(io.StringIO(to_csv(rows))))
+    assert len(records) == len(rows) and float(records[0]["time_us"]) == rows[0].time_us
+    assert json.loads(to_json(rows))[0]["algorithm"] == rows[0].algorithm
+    png = tmp_path / "bench.png"
+    plot(rows, png, grid)
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_bad_grid_files_name_the_field(tmp_path):
+    bad = tmp_path / "grid.yaml"
+    bad.write_text("sizes: [1MiB]\ntopologies: {}\n")
+    with pytest.raises(InputError, match="topologies"):
+        load_grid(bad)
+    bad.write_text("sizes: [1MiB]\ntopologies:\n  X: {dimensions: [{size: 1, kind: ring, bandwidth: 1, latency: 1}]}\n")
+    with pytest.raises(InputError):
+        load_grid(bad)
+    bad.write_text("sizes: [lots]\ntopologies: {X: torus-4x4}\n")
+    with pytest.raises(InputError, match="sizes"):
+        load_grid(bad)
+
+
+def test_unknown_algorithm_is_refused():
+    with pytest.raises(InputError, match="unknown algorithm"):
+        run_grid(Grid({"C3": preset("torus-4x4")}, (1 << 20,), algorithms=("magic",)), progress=False)

@@ -1,0 +1,72 @@
+"""The physical limit T_LB (cost-model.md section 4)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import topologies
+from hipipe_compiler.bounds import bandwidth_bound_us, bus_factor, latency_bound_us, lower_bound, lower_bound_us
+from hipipe_compiler.topology import Dimension, Topology, preset
+
+GIB = 1 << 30
+
+# T_BW* of algorithms.md 6.2 [computed], microseconds at 1 GiB, and its binding suffix
+TABLE = {
+    "dgx-h100-8x4": (5943.93, 0),          # C1: all dimensions
+    "torus-4x4": (10066.33, 0),            # C3
+    "torus-4x4x4": (6039.80, 0),           # C5
+    "ring-fc-switch-2x8x4": (6934.58, 1),  # C6: the cut {FC, SW} binds, 15% above the all-dimension bound
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_bandwidth_bound_matches_the_reference_table(name):
+    value, binding = TABLE[name]
+    bw, k = bandwidth_bound_us(preset(name), "allreduce", GIB)
+    assert bw == pytest.approx(value, abs=0.01)
+    assert k == binding
+
+
+def test_reference_table_at_other_sizes():
+    c1 = preset("dgx-h100-8x4")
+    assert bandwidth_bound_us(c1, "allreduce", 1 << 20)[0] == pytest.approx(5.80, abs=0.01)
+    assert bandwidth_bound_us(c1, "allreduce", 256 << 20)[0] == pytest.approx(1485.98, abs=0.01)
+
+
+def test_latency_bound_follows_the_link_rule():
+    # a switch dimension reaches every rank below it in one message: one IB hop from anywhere
+    assert latency_bound_us(preset("dgx-h100-8x4")) == 5.0
+    # rings: alpha times the hops to the farthest neighbour, per dimension
+    assert latency_bound_us(preset("torus-4x4")) == pytest.approx(2.0)
+    assert latency_bound_us(preset("torus-4x4x4")) == pytest.approx(0.05 * 2 + 0.5 * 2 + 2 * 2)
+    assert latency_bound_us(preset("ring-fc-switch-2x8x4")) == pytest.approx(2.0)
+    ring8 = Topology((Dimension(8, "ring", 10, 1.5),))
+    assert latency_bound_us(ring8) == pytest.approx(6.0)
+
+
+def test_bound_is_the_larger_part():
+    c1 = preset("dgx-h100-8x4")
+    small = lower_bound(c1, "allreduce", 1 << 10)
+    assert small.total_us == small.latency_us == 5.0
+    assert lower_bound_us(c1, "allreduce", GIB) == pytest.approx(5943.93, abs=0.01)
+    assert lower_bound(c1, "alltoall", GIB) is None
+
+
+@given(topologies(max_ranks=128), st.integers(1, 1 << 32))
+def test_reduce_scatter_and_all_gather_need_half_the_bandwidth(topo, nbytes):
+    ar = bandwidth_bound_us(topo, "allreduce", nbytes)[0]
+    assert bandwidth_bound_us(topo, "reducescatter", nbytes)[0] == pytest.approx(ar / 2)
+    assert bandwidth_bound_us(topo, "allgather", nbytes)[0] == pytest.approx(ar / 2)
+
+
+@given(topologies(max_ranks=128), st.integers(1, 1 << 32))
+def test_bound_is_at_least_the_classic_all_dimension_bound(topo, nbytes):
+    n = topo.nranks
+    classic = 2 * (n - 1) / n * nbytes / (sum(d.bandwidth for d in topo.dimensions) * 1e3)
+    assert lower_bound_us(topo, "allreduce", nbytes) >= classic * (1 - 1e-12)
+
+
+def test_bus_factors():
+    assert bus_factor("allreduce", 8) == pytest.approx(1.75)
+    assert bus_factor("allgather", 8) == pytest.approx(0.875)
+    assert bus_factor("broadcast", 8) == 1.0

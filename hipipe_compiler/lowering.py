@@ -25,7 +25,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -78,9 +78,15 @@ class _Cells:
         self.block_units = acc  # cells per rank: B
         self.block = lru_cache(maxsize=None)(self._block)
 
-    def _block(self, k: int, depth: int, prefix: tuple[int, ...], v: int) -> tuple[tuple[int, int], ...]:
+    def _block(self, k: int, depth: int, prefix: tuple[int, ...], v: int,
+               origin: tuple[int, ...] = ()) -> tuple[tuple[int, int], ...]:
         """Ranges (start, length) holding the cells of owners that match `prefix` on the chunk's
-        first `depth` axes and sit at position v on axis order[depth]."""
+        first `depth` axes and sit at position v on axis order[depth].
+
+        `origin` is the group's position on the axes after order[depth] (every member of a
+        group shares it). Owners are taken in order of their position relative to it, so every
+        group walks its blocks the same way: the schedule is the same on every rank, shifted.
+        """
         chunk = self.plan.chunks[k]
         order = chunk.order
         if self.plan.collective == "allreduce":
@@ -89,7 +95,7 @@ class _Cells:
             start = self.n * self.offsets[k] + chunk.units * (
                 sum(p * w for p, w in zip(prefix, weights)) + v * weights[depth])
             return ((start, chunk.units * weights[depth]),)
-        owners = self._owners(order, depth, prefix, v)
+        owners = self._owners(order, depth, prefix, v, origin)
         ranges: list[list[int]] = []
         for r in owners:
             start = r * self.block_units + self.offsets[k]
@@ -99,18 +105,24 @@ class _Cells:
                 ranges.append([start, chunk.units])
         return tuple((s, l) for s, l in ranges)
 
-    def _owners(self, order: tuple[int, ...], depth: int, prefix: tuple[int, ...], v: int) -> list[int]:
+    def _owners(self, order: tuple[int, ...], depth: int, prefix: tuple[int, ...], v: int,
+                origin: tuple[int, ...]) -> list[int]:
         if self.plan.flat:
             return [self.axes[0].member(0, v)]
         topo = self.plan.topology
         fixed = {order[i]: prefix[i] for i in range(depth)}
         fixed[order[depth]] = v
+        free = order[depth + 1:]
+        base = dict(zip(free, origin))
         owners = [0]
         for d, dim in enumerate(topo.dimensions):
             stride = topo._strides[d]
             values = [fixed[d]] if d in fixed else range(dim.size)
             owners = [o + c * stride for o in owners for c in values]
-        return sorted(owners)
+
+        def relative(r: int) -> tuple[int, ...]:
+            return tuple((topo.coord(r, d) - base.get(d, 0)) % topo.dimensions[d].size for d in reversed(free))
+        return sorted(owners, key=relative)
 
 
 # -- operations -------------------------------------------------------------------------------
@@ -212,21 +224,28 @@ class _Generator:
                 cnt = min(self.limits.max_count, b - off)
                 ops.append(_Op(local, (-1, 0, 0), "cpy", ("i", rank * b + off), ("o", rank * b + off), cnt))
         for e, (k, j) in enumerate(self.events):
-            stage = plan.stages(k)[j]
-            self._stage(ops, rank, e, k, stage)
+            self._stage(ops, rank, e, k, j)
         return ops
 
-    def _stage(self, ops: list[_Op], x: int, e: int, k: int, st: Stage) -> None:
+    def _stage(self, ops: list[_Op], x: int, e: int, k: int, j: int) -> None:
         plan = self.plan
         chunk = plan.chunks[k]
+        st = plan.stages(k)[j]
         axis = self.axes[st.axis]
         n, p = axis.size, axis.pos(x)
         prefix = tuple(self.axes[a].pos(x) for a in chunk.order[: st.depth])
+        origin = tuple(self.axes[a].pos(x) for a in chunk.order[st.depth + 1:])
         fused = plan.layouts[st.axis] == "fused"
         alg = plan.algorithms[st.axis] if n > 2 else "direct"
-        blocks = [self.pieces(self.cells.block(k, st.depth, prefix, v), fused, alg == "ring") for v in range(n)]
-        lane = chunk.lane
-        if alg == "ring":
+        if alg == "oneshot" and st.kind != "ar":
+            alg = "direct"  # one-shot only replaces the last axis's reduce-scatter + all-gather
+        if n <= 2 and plan.algorithms[st.axis] == "oneshot" and st.kind == "ar":
+            alg = "oneshot"
+        blocks = [self.pieces(self.cells.block(k, st.depth, prefix, v, origin), fused, alg == "ring") for v in range(n)]
+        lane = chunk.lane_of(j)
+        if alg == "oneshot":
+            self._oneshot(ops, e, n, k, st, prefix, origin, fused, lane)
+        elif alg == "ring":
             d = chunk.direction
             both = self.role(st.axis, lane, "ring", d, "both") if fused else None
             rs_send = both if fused else self.role(st.axis, lane, "ring", d, "send")
@@ -271,6 +290,32 @@ class _Generator:
                         for delta in range(1, n):
                             start, cnt = blocks[(p + delta) % n][i]
                             ops.append(_Op(recv_roles[delta - 1], (e, i, rnd), "r", None, ("o", start), cnt))
+
+    def _oneshot(self, ops: list[_Op], e: int, n: int, k: int, st: Stage, prefix: tuple[int, ...],
+                 origin: tuple[int, ...], fused: bool, lane: int) -> None:
+        """All-reduce of the owned range in one exchange: send it whole to every peer and
+        reduce what arrives (one latency instead of two, n-1 times the block's bytes)."""
+        ranges = sorted(r for v in range(n) for r in self.cells.block(k, st.depth, prefix, v, origin))
+        merged: list[list[int]] = []
+        for start, length in ranges:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1][1] += length
+            else:
+                merged.append([start, length])
+        pieces = self.pieces(tuple((a, b) for a, b in merged), fused, False)
+        if fused:
+            send_roles = recv_roles = [self.role(st.axis, lane, "direct", delta, "both") for delta in range(1, n)]
+        else:
+            send_roles = [self.role(st.axis, lane, "direct", delta, "send") for delta in range(1, n)]
+            recv_roles = [self.role(st.axis, lane, "direct", delta, "recv") for delta in range(1, n)]
+        inp = self.rs_input(st.depth)
+        for i, (start, cnt) in enumerate(pieces):
+            # every peer gets the unreduced block, so all sends come before the first reduction
+            for delta in range(1, n):
+                ops.append(_Op(send_roles[delta - 1], (e, i, 0), "s", (inp, start), None, cnt))
+            for delta in range(1, n):
+                local = inp if delta == 1 else "o"
+                ops.append(_Op(recv_roles[delta - 1], (e, i, 0), "rrc", (local, start), ("o", start), cnt))
 
     def _ring_rs(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
                  send_role: int, recv_role: int) -> int:
@@ -417,15 +462,20 @@ class _Unit:
     cnt: int
 
 
-def lower(plan: Plan, limits: Limits = Limits()) -> Program:
-    """Lower a plan to a Program within the runtime limits, or raise PlanError saying why not."""
+def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = None) -> Program:
+    """Lower a plan to a Program within the runtime limits, or raise PlanError saying why not.
+
+    With `ranks`, only those ranks' gpus are built (a partial program for estimates, such as
+    simulate(..., quotient=True) on rank 0; never written out).
+    """
     check_plan(plan)
     if plan.nchunksperloop > limits.max_offset + 1:
         raise PlanError(
             f"the plan needs {plan.nchunksperloop} chunks per loop ({plan.units} per rank x {plan.topology.nranks} ranks); "
             f"chunk offsets are stored as int16 by the runtime, so at most {limits.max_offset + 1}; use fewer or smaller chunks")
     gen = _Generator(plan, limits)
-    per_rank_ops = [gen.generate(r) for r in range(plan.topology.nranks)]
+    chosen = list(range(plan.topology.nranks)) if ranks is None else list(ranks)
+    per_rank_ops = [gen.generate(r) for r in chosen]
     nroles = len(gen.roles)
     raw = [_raw_dependencies(plan, ops, nroles) for ops in per_rank_ops]
 
@@ -433,7 +483,7 @@ def lower(plan: Plan, limits: Limits = Limits()) -> Program:
     extra = [[0] * len(ops) for ops in per_rank_ops]
     for _attempt in range(12):
         cuts = _segment_cuts(gen, per_rank_ops, budgets, extra)
-        program, overflow, nops = _emit(plan, gen, per_rank_ops, raw, cuts, limits)
+        program, overflow, nops = _emit(plan, gen, chosen, per_rank_ops, raw, cuts, limits)
         if not overflow:
             return program
         extra = nops
@@ -444,7 +494,7 @@ def lower(plan: Plan, limits: Limits = Limits()) -> Program:
     raise PlanError("could not fit the plan into the step limit after repeated segmentation")
 
 
-def _emit(plan: Plan, gen: _Generator, per_rank_ops: list[list[_Op]], raw: list[list[list[int]]],
+def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[_Op]], raw: list[list[list[int]]],
           cuts: dict[tuple[int, int], list[tuple[int, int, int]]], limits: Limits
           ) -> tuple[Program, dict[tuple[int, int], int], list[list[int]]]:
     """Build the Program for given segment cuts; report step-limit overflow per (axis, lane)."""
@@ -495,8 +545,8 @@ def _emit(plan: Plan, gen: _Generator, per_rank_ops: list[list[_Op]], raw: list[
     gpus: list[Gpu] = []
     overflow: dict[tuple[int, int], int] = {}
     nops_per_op: list[list[int]] = []
-    for rank in range(nranks):
-        ops = per_rank_ops[rank]
+    for index, rank in enumerate(ranks):
+        ops = per_rank_ops[index]
         slot_offset = _slot_mapper(plan, rank)[1]
         # units: fuse a receive with the send after it in the same threadblock
         tb_units: list[list[_Unit]] = [[] for _ in range(ntb)]
@@ -523,7 +573,7 @@ def _emit(plan: Plan, gen: _Generator, per_rank_ops: list[list[_Op]], raw: list[
         unit_deps: list[set[int]] = [set() for _ in units]
         for idx, op in enumerate(ops):
             me = unit_of[idx]
-            for d in raw[rank][idx]:
+            for d in raw[index][idx]:
                 other = unit_of[d]
                 if other != me:
                     unit_deps[me].add(other)

@@ -23,7 +23,11 @@ from .program import PLANNED_COLLECTIVES, PROTOCOLS
 from .runtime import piece_count
 from .topology import Topology
 
-Algorithm = Literal["ring", "direct"]
+Algorithm = Literal["ring", "direct", "oneshot"]
+#: Algorithms inside one axis: a ring (n-1 steps), direct exchange with every peer (one
+#: step per reduce-scatter or all-gather), or one-shot (the last axis's reduce-scatter and
+#: all-gather replaced by sending the whole block to every peer: one latency, n-1 times the bytes).
+ALGORITHMS: tuple[str, ...] = ("ring", "direct", "oneshot")
 Layout = Literal["fused", "split"]
 
 #: Switch dimensions up to this size use direct exchange by default; larger ones a ring.
@@ -32,12 +36,23 @@ DIRECT_MAX_SIZE = 16
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """One pipeline chunk: `units` cells per rank, its axis order, ring direction and lane."""
+    """One pipeline chunk: `units` cells per rank, its axis order, ring direction and lane.
+
+    `stage_lanes`, when given, names the lane of each of the chunk's stages instead: for
+    example all-gathers on their own lane, so a dimension keeps reduce-scattering later data
+    while earlier data waits to be gathered, or pieces that take one dimension in turn but
+    another side by side.
+    """
 
     units: int
     order: tuple[int, ...]
     direction: int = 1
     lane: int = 0
+    stage_lanes: tuple[int, ...] | None = None
+
+    def lane_of(self, stage_index: int) -> int:
+        """The lane whose threadblocks run stage `stage_index` of this chunk."""
+        return self.stage_lanes[stage_index] if self.stage_lanes is not None else self.lane
 
 
 @dataclass(frozen=True)
@@ -130,13 +145,15 @@ def check_plan(plan: Plan) -> None:
         raise PlanError(f"expected one algorithm and one layout per axis ({naxes})")
     for a in range(naxes):
         alg, lay = plan.algorithms[a], plan.layouts[a]
-        if alg not in ("ring", "direct"):
-            raise PlanError(f"axis {a}: unknown algorithm {alg!r}")
+        if alg not in ALGORITHMS:
+            raise PlanError(f"axis {a}: unknown algorithm {alg!r}; expected one of {', '.join(ALGORITHMS)}")
         if lay not in ("fused", "split"):
             raise PlanError(f"axis {a}: unknown layout {lay!r}")
-        if alg == "direct" and plan.axis_size(a) > 2:
+        if alg in ("direct", "oneshot") and plan.axis_size(a) > 2:
             if plan.flat or plan.topology.dimensions[a].kind == "ring":
-                raise PlanError(f"axis {a}: direct exchange needs a switch dimension; a ring only links neighbours")
+                raise PlanError(f"axis {a}: {alg} exchange needs a switch dimension; a ring only links neighbours")
+        if alg == "oneshot" and plan.collective != "allreduce":
+            raise PlanError(f"axis {a}: one-shot exchange is an all-reduce of the last axis; {plan.collective} has none")
     for k, c in enumerate(plan.chunks):
         if c.units < 1:
             raise PlanError(f"chunk {k}: units must be >= 1")
@@ -144,8 +161,10 @@ def check_plan(plan: Plan) -> None:
             raise PlanError(f"chunk {k}: order {c.order} must list every axis 0..{naxes - 1} once")
         if c.direction not in (1, -1):
             raise PlanError(f"chunk {k}: direction must be +1 or -1")
-        if c.lane < 0:
-            raise PlanError(f"chunk {k}: lane must be >= 0")
+        if c.lane < 0 or (c.stage_lanes is not None and min(c.stage_lanes, default=0) < 0):
+            raise PlanError(f"chunk {k}: lanes must be >= 0")
+        if c.stage_lanes is not None and len(c.stage_lanes) != len(plan.stages(k)):
+            raise PlanError(f"chunk {k}: stage_lanes needs one lane per stage ({len(plan.stages(k))})")
     if plan.schedule:
         seen = sorted(plan.schedule)
         want = sorted((k, j) for k in range(len(plan.chunks)) for j in range(len(plan.stages(k))))
@@ -177,7 +196,10 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
         alpha = dim.latency
         bw = dim.bandwidth / (2 if dim.uses_both_directions else 1)
     bpus = bw * 1e3  # bytes per microsecond
-    if plan.algorithms[stage.axis] == "ring":
+    alg = plan.algorithms[stage.axis]
+    if alg == "oneshot" and stage.kind == "ar":
+        return alpha + (n - 1) * data / bpus
+    if alg == "ring":
         one = (n - 1) * (alpha + data / n / bpus)
     else:
         one = alpha + (n - 1) / n * data / bpus
@@ -195,10 +217,11 @@ def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
     nchunks = len(plan.chunks)
     stages = [plan.stages(k) for k in range(nchunks)]
 
-    def resource(k: int, st: Stage) -> tuple[int, int, int]:
+    def resource(k: int, j: int) -> tuple[int, int, int]:
         c = plan.chunks[k]
+        st = stages[k][j]
         ring_dir = c.direction if plan.algorithms[st.axis] == "ring" else 0
-        return (st.axis, c.lane, ring_dir)
+        return (st.axis, c.lane_of(j), ring_dir)
 
     free: dict[tuple[int, int, int], float] = {}
     ready: list[tuple[float, int, int]] = [(0.0, k, 0) for k in range(nchunks)]  # (ready time, chunk, stage)
@@ -206,7 +229,7 @@ def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
     while ready:
         best_i, best_key = 0, None
         for i, (t, k, j) in enumerate(ready):
-            start = max(t, free.get(resource(k, stages[k][j]), 0.0))
+            start = max(t, free.get(resource(k, j), 0.0))
             key = (start, -j, k)
             if best_key is None or key < best_key:
                 best_i, best_key = i, key
@@ -214,7 +237,7 @@ def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
         _t, k, j = ready.pop(best_i)
         st = stages[k][j]
         end = best_key[0] + stage_cost(plan, k, st, nbytes)
-        free[resource(k, st)] = end
+        free[resource(k, j)] = end
         out.append((k, j))
         if j + 1 < len(stages[k]):
             ready.append((end, k, j + 1))
@@ -249,6 +272,8 @@ def auto_layouts(topology: Topology, flat: bool, chunks: Sequence[ChunkPlan], al
     for c in chunks:
         for depth, a in enumerate(c.order):
             cells = c.units * math.prod(size(b) for b in c.order[depth + 1:])
+            if algorithms[a] == "oneshot" and depth == len(c.order) - 1:
+                cells *= size(a)  # the whole owned range goes in one message
             largest[a] = max(largest[a], cells)
     out = []
     for a in range(naxes):

@@ -143,9 +143,12 @@ class _Tb:
 
 
 class _Simulator:
-    def __init__(self, program: Program, topology: Topology, nbytes: int, record: bool) -> None:
+    def __init__(self, program: Program, topology: Topology, nbytes: int, record: bool, quotient: bool = False) -> None:
         if program.ngpus != topology.nranks:
             raise SimulationError(f"the program is for {program.ngpus} ranks but the topology has {topology.nranks}", 2)
+        self.quotient = quotient
+        if quotient and [g.id for g in program.gpus] != [0]:
+            raise ValueError("a quotient simulation runs rank 0's program alone")
         self.program = program
         self.topology = topology
         self.nbytes = nbytes
@@ -218,6 +221,18 @@ class _Simulator:
                                   f"iteration {t.iteration}; {len(stuck)} threadblock(s) stuck")
         return self.last_done
 
+    # -- connections
+    def send_queue(self, tb: _Tb) -> tuple:
+        return (tb.chan, tb.rank, tb.send)
+
+    def recv_queue(self, tb: _Tb) -> tuple:
+        """The queue a receive consumes. In a quotient simulation rank 0 stands for every rank:
+        what it receives from q is what it sends to -q (q's coordinates negated)."""
+        if self.quotient:
+            mirror = self.topology.rank(tuple(-c % d.size for c, d in zip(self.topology.coords(tb.recv), self.topology.dimensions)))
+            return (tb.chan, tb.rank, mirror)
+        return (tb.chan, tb.recv, tb.rank)
+
     # -- threadblocks
     def deps_met(self, tb: _Tb) -> bool:
         for depid, deps in tb.deps[tb.index]:
@@ -244,7 +259,7 @@ class _Simulator:
                 return
             tb.phase = "recv" if st.type in RECEIVING_TYPES else ("send" if st.type in SENDING_TYPES else "local")
         if tb.phase == "recv":
-            conn = (tb.chan, tb.recv, tb.rank)
+            conn = self.recv_queue(tb)
             queue = self.fifo[conn]
             if not queue or not queue[0].arrived:
                 self.recv_waiter[conn] = tb
@@ -268,7 +283,7 @@ class _Simulator:
                 self.schedule(self.now + t, "local", tb)
                 return
         if tb.phase == "send":
-            conn = (tb.chan, tb.rank, tb.send)
+            conn = self.send_queue(tb)
             if len(self.fifo[conn]) >= self.window:
                 self.window_waiter[conn] = tb
                 return
@@ -312,6 +327,9 @@ class _Simulator:
             if res is None:
                 raise SimulationError(f"no link between rank {a} and rank {b} in topology {self.topology.label}", 2)
             d = self.topology.link_dimension(a, b)
+            if self.quotient:
+                # every rank's ingress port carries the mirror image of its egress traffic
+                res = tuple((r, cap) for r, cap in res if r[0] != "in")
             resources = tuple(r for r, _cap in res)
             for r, cap in res:
                 self.capacity[r] = cap * 1e3  # bytes per microsecond
@@ -375,21 +393,24 @@ class _Simulator:
             self.complete_step(sender)
 
 
-def simulate(program: Program, topology: Topology, nbytes: int, record: bool = False) -> SimResult:
+def simulate(program: Program, topology: Topology, nbytes: int, record: bool = False, quotient: bool = False) -> SimResult:
     """Time one call of nbytes (the nccl-tests size: all-reduce buffer, reduce-scatter input,
     all-gather output) of `program` on `topology`.
 
-    Raises SimulationError for an illegal link or a deadlock.
+    `quotient` runs rank 0 alone (a program from lower(plan, ranks=[0])): exact when every
+    rank runs rank 0's schedule shifted by its coordinates, as the hierarchical plans do, and
+    a fast estimate otherwise. Raises SimulationError for an illegal link or a deadlock.
     """
-    sim = _Simulator(program, topology, nbytes, record)
+    sim = _Simulator(program, topology, nbytes, record, quotient)
     time = sim.run()
     bound = lower_bound(topology, program.collective, nbytes)
     n = topology.nranks
+    senders = 1 if quotient else n
     dims = []
     for d in range(topology.ndims):
         keys = [r for r in sim.capacity if (r[0] == "link" and topology.link_dimension(r[1], r[2]) == d)
                 or (r[0] in ("out", "in") and r[2] == d)]
         busy = sum(sim.busy_time[r] for r in keys) / (len(keys) * time) if keys and time > 0 else 0.0
-        dims.append(DimensionUsage(topology.dim_name(d), sim.dim_bytes[d] / n, busy))
+        dims.append(DimensionUsage(topology.dim_name(d), sim.dim_bytes[d] / senders, busy))
     return SimResult(program.collective, nbytes, n, time, None if bound is None else bound.total_us,
                      sim.iterations, tuple(dims), tuple(sim.intervals))

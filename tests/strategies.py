@@ -23,17 +23,21 @@ def plans(draw, max_ranks: int = 32, max_chunks: int = 4) -> Plan:
     algorithms = []
     for a in range(naxes):
         can_direct = sizes[a] == 2 or (not flat and topo.dimensions[a].kind == "switch")
-        algorithms.append(draw(st.sampled_from(["ring", "direct"])) if can_direct else "ring")
+        choices = ["ring", "direct"] + (["oneshot"] if coll == "allreduce" else [])
+        algorithms.append(draw(st.sampled_from(choices)) if can_direct else "ring")
     nchunks = draw(st.integers(1, max_chunks))
-    chunks = tuple(
-        ChunkPlan(
+    chunks = []
+    for _ in range(nchunks):
+        order = tuple(draw(st.permutations(range(naxes))))
+        nstages = len(chunk_stages(coll, order))
+        chunks.append(ChunkPlan(
             units=draw(st.integers(1, 2)),
-            order=tuple(draw(st.permutations(range(naxes)))),
+            order=order,
             direction=draw(st.sampled_from([1, -1])),
             lane=draw(st.integers(0, 1)),
-        )
-        for _ in range(nchunks)
-    )
+            stage_lanes=draw(st.one_of(st.none(), st.tuples(*[st.integers(0, 2)] * nstages))),
+        ))
+    chunks = tuple(chunks)
     protocol = draw(st.sampled_from(PROTOCOLS))
     max_bytes = draw(st.sampled_from(WINDOWS))
     layouts = draw(st.one_of(

@@ -194,3 +194,28 @@ def test_report_has_the_documented_fields():
     assert nv.bytes_per_rank == pytest.approx(2 * 7 / 8 * (1 << 24))
     assert ib.bytes_per_rank == pytest.approx(2 * 1 / 2 * (1 << 24) / 8)
     assert 0 < ib.busy_fraction < 1 and 0 < nv.busy_fraction < 1
+
+
+@given(topologies(max_ranks=32), st.sampled_from(COLLECTIVES), st.integers(1, 3),
+       st.sampled_from([1 << 16, 1 << 20, 64 << 20]), st.booleans(), st.booleans(), st.integers(1, 2))
+def test_quotient_simulation_of_rank_0_equals_the_full_simulation(topo, coll, chunks, nbytes, themis, lanes_split, lanes):
+    """Every rank of a hierarchical plan runs rank 0's schedule shifted by its coordinates, so
+    simulating rank 0 alone, fed by the mirror images of its own sends, gives the same time."""
+    plan = (themis_plan(topo, coll, chunks, max_bytes=nbytes) if themis
+            else hierarchical_plan(topo, coll, chunks, max_bytes=nbytes, lanes=lanes))
+    full = simulate(lower(plan), topo, nbytes)
+    quotient = simulate(lower(plan, ranks=[0]), topo, nbytes, quotient=True)
+    assert quotient.time_us == pytest.approx(full.time_us, rel=1e-9)
+    for a, b in zip(quotient.dims, full.dims):
+        assert a.bytes_per_rank == pytest.approx(b.bytes_per_rank)
+
+
+def test_one_shot_all_reduce_costs_one_latency():
+    """n ranks on a switch each send their whole block to every peer at once: alpha + (n-1) s / B
+    on the shared port, against 2 alpha + 2 (n-1)/n s / B for reduce-scatter + all-gather."""
+    topo = switch(4, bw=100, alpha=5)
+    nbytes = 400_000
+    one = simulate(lower(hierarchical_plan(topo, algorithms=("oneshot",), max_bytes=nbytes)), topo, nbytes)
+    two = simulate(lower(hierarchical_plan(topo, algorithms=("direct",), max_bytes=nbytes)), topo, nbytes)
+    assert one.time_us == pytest.approx(5 + 3 * nbytes / 100e3)
+    assert two.time_us == pytest.approx(2 * (5 + 3 / 4 * nbytes / 100e3))

@@ -236,14 +236,16 @@ class _Generator:
         prefix = tuple(self.axes[a].pos(x) for a in chunk.order[: st.depth])
         origin = tuple(self.axes[a].pos(x) for a in chunk.order[st.depth + 1:])
         fused = plan.layouts[st.axis] == "fused"
+        ring_axis = n > 2 and (plan.flat or plan.topology.dimensions[st.axis].kind == "ring")
         alg = plan.algorithms[st.axis] if n > 2 else "direct"
-        if alg == "oneshot" and st.kind != "ar":
-            alg = "direct"  # one-shot only replaces the last axis's reduce-scatter + all-gather
-        if n <= 2 and plan.algorithms[st.axis] == "oneshot" and st.kind == "ar":
-            alg = "oneshot"
+        if plan.algorithms[st.axis] == "oneshot":
+            # one-shot only replaces the last axis's reduce-scatter + all-gather
+            alg = "oneshot" if st.kind == "ar" else ("ring" if ring_axis else "direct")
         blocks = [self.pieces(self.cells.block(k, st.depth, prefix, v, origin), fused, alg == "ring") for v in range(n)]
         lane = chunk.lane_of(j)
-        if alg == "oneshot":
+        if alg == "oneshot" and ring_axis:
+            self._ring_oneshot(ops, e, n, k, st, prefix, origin, fused, lane)
+        elif alg == "oneshot":
             self._oneshot(ops, e, n, k, st, prefix, origin, fused, lane)
         elif alg == "ring":
             d = chunk.direction
@@ -293,16 +295,10 @@ class _Generator:
 
     def _oneshot(self, ops: list[_Op], e: int, n: int, k: int, st: Stage, prefix: tuple[int, ...],
                  origin: tuple[int, ...], fused: bool, lane: int) -> None:
-        """All-reduce of the owned range in one exchange: send it whole to every peer and
-        reduce what arrives (one latency instead of two, n-1 times the block's bytes)."""
-        ranges = sorted(r for v in range(n) for r in self.cells.block(k, st.depth, prefix, v, origin))
-        merged: list[list[int]] = []
-        for start, length in ranges:
-            if merged and merged[-1][0] + merged[-1][1] == start:
-                merged[-1][1] += length
-            else:
-                merged.append([start, length])
-        pieces = self.pieces(tuple((a, b) for a, b in merged), fused, False)
+        """All-reduce of the owned range in one exchange: send it whole to every peer, receive
+        the peers' copies into scratch, and reduce them locally (one latency instead of two,
+        n-1 times the block's bytes). Receives never wait for sends, as the split layout needs."""
+        pieces = self._owned_pieces(n, k, st, prefix, origin, fused, False)
         if fused:
             send_roles = recv_roles = [self.role(st.axis, lane, "direct", delta, "both") for delta in range(1, n)]
         else:
@@ -310,12 +306,70 @@ class _Generator:
             recv_roles = [self.role(st.axis, lane, "direct", delta, "recv") for delta in range(1, n)]
         inp = self.rs_input(st.depth)
         for i, (start, cnt) in enumerate(pieces):
-            # every peer gets the unreduced block, so all sends come before the first reduction
             for delta in range(1, n):
                 ops.append(_Op(send_roles[delta - 1], (e, i, 0), "s", (inp, start), None, cnt))
+                if fused:
+                    ops.append(_Op(recv_roles[delta - 1], (e, i, 0), "r", None, ("s", self.scratch(delta - 1, start)), cnt))
+            if not fused:
+                for delta in range(1, n):
+                    ops.append(_Op(recv_roles[delta - 1], (e, i, 0), "r", None, ("s", self.scratch(delta - 1, start)), cnt))
+            if inp != "o":
+                ops.append(_Op(recv_roles[0], (e, i, 1), "cpy", (inp, start), ("o", start), cnt))
             for delta in range(1, n):
-                local = inp if delta == 1 else "o"
-                ops.append(_Op(recv_roles[delta - 1], (e, i, 0), "rrc", (local, start), ("o", start), cnt))
+                ops.append(_Op(recv_roles[delta - 1], (e, i, 1), "re", ("s", self.scratch(delta - 1, start)), ("o", start), cnt))
+
+    def _owned_pieces(self, n: int, k: int, st: Stage, prefix: tuple[int, ...], origin: tuple[int, ...],
+                      fused: bool, ring: bool) -> list[tuple[int, int]]:
+        """The whole range a rank owns before the last axis's all-reduce, cut into pieces."""
+        ranges = sorted(r for v in range(n) for r in self.cells.block(k, st.depth, prefix, v, origin))
+        merged: list[list[int]] = []
+        for start, length in ranges:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1][1] += length
+            else:
+                merged.append([start, length])
+        return self.pieces(tuple((a, b) for a, b in merged), fused, ring)
+
+    def _ring_oneshot(self, ops: list[_Op], e: int, n: int, k: int, st: Stage, prefix: tuple[int, ...],
+                      origin: tuple[int, ...], fused: bool, lane: int) -> None:
+        """All-reduce around a ring in n // 2 rounds: every rank floods its whole range both
+        ways, each hop forwarding what it received (into scratch) one step further; every
+        rank then reduces the n - 1 ranges it received into its own. Few latencies, n - 1
+        times the bytes: for small data on slow rings."""
+        pieces = self._owned_pieces(n, k, st, prefix, origin, fused, True)
+        rounds = {1: n // 2, -1: (n - 1) // 2}  # with n even, the opposite rank's range comes the + way
+        roles = {}
+        for d in (1, -1):
+            both = self.role(st.axis, lane, "ring", d, "both") if fused else None
+            roles[d] = (both if fused else self.role(st.axis, lane, "ring", d, "send"),
+                        both if fused else self.role(st.axis, lane, "ring", d, "recv"))
+        inp = self.rs_input(st.depth)
+        for i, (start, cnt) in enumerate(pieces):
+            for d in (1, -1):
+                send, recv = roles[d]
+                ops.append(_Op(send, (e, i, 0), "s", (inp, start), None, cnt))
+                for t in range(1, rounds[d] + 1):
+                    dst = ("s", self.scratch_slot(d, t, start))
+                    last = t == rounds[d]
+                    ops.append(_Op(recv, (e, i, t - 1), "r", None, dst, cnt, fuse=not last))
+                    if not last:
+                        ops.append(_Op(send, (e, i, t), "s", dst, None, cnt))
+            first = True
+            for d in (1, -1):
+                _send, recv = roles[d]
+                if first and inp != "o":
+                    ops.append(_Op(recv, (e, i, n), "cpy", (inp, start), ("o", start), cnt))
+                first = False
+                for t in range(1, rounds[d] + 1):
+                    ops.append(_Op(recv, (e, i, n), "re", ("s", self.scratch_slot(d, t, start)), ("o", start), cnt))
+
+    def scratch_slot(self, direction: int, hop: int, start: int) -> int:
+        """Where a ring one-shot keeps the range that arrived `hop` ranks away, per direction."""
+        return self.scratch((hop - 1) * 2 + (0 if direction == 1 else 1), start)
+
+    def scratch(self, index: int, start: int) -> int:
+        """Scratch chunk of the index-th copy of logical chunk `start` (one nchunksperloop apart)."""
+        return index * self.nch + start
 
     def _ring_rs(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
                  send_role: int, recv_role: int) -> int:
@@ -348,8 +402,8 @@ class _Generator:
 # -- slots, aliasing and raw dependencies -------------------------------------------------------
 
 
-def _slot_mapper(plan: Plan, rank: int) -> tuple[Callable[[str, int], int], Callable[[str, int], int], int]:
-    """(slot of a logical location, buffer offset of a logical location, number of slots)."""
+def _slot_mapper(plan: Plan, rank: int) -> tuple[Callable[[str, int], int], Callable[[str, int], int]]:
+    """(slot of a logical location, buffer offset of a logical location); scratch follows i/o."""
     nch = plan.nchunksperloop
     b = plan.units
     coll = plan.collective
@@ -366,29 +420,29 @@ def _slot_mapper(plan: Plan, rank: int) -> tuple[Callable[[str, int], int], Call
     else:
         def offset(buf: str, y: int) -> int:
             return y
-    return slot, offset, 2 * nch
+    return slot, offset
 
 
 def _raw_dependencies(plan: Plan, ops: list[_Op], nroles: int) -> list[list[int]]:
     """For each op, the earlier ops (any role) it must wait for, by slot reads and writes."""
-    slot, _offset, nslots = _slot_mapper(plan, 0)
+    slot, _offset = _slot_mapper(plan, 0)
+    scratch = max((loc[1] + op.cnt for op in ops for loc in (op.src, op.dst) if loc is not None and loc[0] == "s"), default=0)
+    nslots = plan.nchunksperloop + scratch
     last_writer = np.full(nslots, -1, dtype=np.int64)
     last_read = np.full((nslots, nroles), -1, dtype=np.int64)
     deps: list[list[int]] = []
     for idx, op in enumerate(ops):
         found: set[int] = set()
-        reads = op.type in ("s", "rrc", "cpy")
-        writes = op.type in ("r", "rrc", "cpy")
+        reads = op.type in ("s", "rrc", "cpy", "re")
+        writes = op.type in ("r", "rrc", "cpy", "re")
         if reads:
             a = slot(*op.src)  # type: ignore[misc]
-            w = last_writer[a:a + op.cnt]
-            found.update(int(v) for v in np.unique(w) if v >= 0)
+            found.update(last_writer[a:a + op.cnt].tolist())
         if writes:
             a = slot(*op.dst)  # type: ignore[misc]
-            w = last_writer[a:a + op.cnt]
-            found.update(int(v) for v in np.unique(w) if v >= 0)
-            rd = last_read[a:a + op.cnt].max(axis=0)
-            found.update(int(v) for v in rd if v >= 0)
+            found.update(last_writer[a:a + op.cnt].tolist())  # (re also reads its dst: the same writer)
+            found.update(last_read[a:a + op.cnt].max(axis=0).tolist())
+        found.discard(-1)
         if reads:
             a = slot(*op.src)  # type: ignore[misc]
             last_read[a:a + op.cnt, op.role] = idx
@@ -479,19 +533,31 @@ def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = N
     nroles = len(gen.roles)
     raw = [_raw_dependencies(plan, ops, nroles) for ops in per_rank_ops]
 
+    # Segment with rank 0 alone first (cheap), then emit every rank with those budgets; ranks
+    # whose dependencies need a few more nops make another round.
     budgets: dict[tuple[int, int], int] = {}
-    extra = [[0] * len(ops) for ops in per_rank_ops]
-    for _attempt in range(12):
-        cuts = _segment_cuts(gen, per_rank_ops, budgets, extra)
-        program, overflow, nops = _emit(plan, gen, chosen, per_rank_ops, raw, cuts, limits)
-        if not overflow:
+    probe = ([chosen[0]], per_rank_ops[:1], raw[:1])
+    extra = [[0] * len(per_rank_ops[0])]
+    for phase in ("probe", "all"):
+        ranks_, ops_, raw_ = probe if phase == "probe" else (chosen, per_rank_ops, raw)
+        if phase == "all":
+            extra = [list(extra[0]) if len(ops) == len(extra[0]) else [0] * len(ops) for ops in per_rank_ops]
+        for _attempt in range(12):
+            cuts = _segment_cuts(gen, ops_, budgets, extra)
+            program, overflow, nops = _emit(plan, gen, ranks_, ops_, raw_, cuts, limits)
+            if not overflow:
+                break
+            extra = nops
+            for key, over in overflow.items():
+                budgets[key] = min(budgets.get(key, limits.max_steps), limits.max_steps) - max(1, over // 2)
+                if budgets[key] < 4:
+                    raise PlanError(f"axis {key[0]} lane {key[1]}: cannot fit the steps of one exchange into "
+                                    f"{limits.max_steps} steps per threadblock")
+        else:
+            raise PlanError("could not fit the plan into the step limit after repeated segmentation")
+        if len(chosen) == 1:
             return program
-        extra = nops
-        for key, over in overflow.items():
-            budgets[key] = min(budgets.get(key, limits.max_steps), limits.max_steps) - max(1, over // 2)
-            if budgets[key] < 4:
-                raise PlanError(f"axis {key[0]} lane {key[1]}: cannot fit the steps of one exchange into {limits.max_steps} steps per threadblock")
-    raise PlanError("could not fit the plan into the step limit after repeated segmentation")
+    return program
 
 
 def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[_Op]], raw: list[list[list[int]]],
@@ -518,13 +584,18 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
             f"the plan needs {nchannels} channels (threadblocks are split over channels to stay within "
             f"{limits.max_steps} steps each); the runtime allows {limits.max_channels}; use fewer chunks or lanes")
 
+    segments: dict[tuple[_Role, tuple[int, int, int]], int] = {}
+
     def segment(role: _Role, tick: tuple[int, int, int]) -> int:
-        if role.axis < 0:
-            return 0
-        c = cuts.get((role.axis, role.lane), [])
-        g = 0
-        while g < len(c) and tick >= c[g]:
-            g += 1
+        key = (role, tick)
+        g = segments.get(key)
+        if g is None:
+            g = 0
+            if role.axis >= 0:
+                c = cuts.get((role.axis, role.lane), [])
+                while g < len(c) and tick >= c[g]:
+                    g += 1
+            segments[key] = g
         return g
 
     # threadblock keys in a fixed order: (role, segment)
@@ -631,8 +702,12 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
             send, recv = role.peers(axis, rank)
             chan = channel_base[(role.axis, role.lane)] + seg if role.axis >= 0 else 0
             tbs.append(Threadblock(t, send, recv, chan, tuple(tb_steps[t])))
-        s_used = [slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst) if loc is not None and loc[0] == "s"]
-        gpus.append(Gpu(rank, bufs["i"], bufs["o"], max(s_used, default=0), tuple(tbs)))
+        s_used = max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
+                      if loc is not None and loc[0] == "s"), default=0)
+        if s_used > limits.max_offset + 1:
+            raise PlanError(f"the plan needs {s_used} scratch chunks; offsets are stored as int16 by the runtime, "
+                            f"so at most {limits.max_offset + 1}; use fewer or smaller chunks")
+        gpus.append(Gpu(rank, bufs["i"], bufs["o"], s_used, tuple(tbs)))
     nodes = 1 + nranks + max(len(g.threadblocks) + sum(len(tb.steps) for tb in g.threadblocks) for g in gpus)
     if nodes > limits.max_nodes and not overflow:
         raise PlanError(

@@ -14,6 +14,7 @@ by side. The baselines of algorithms.md section 5 are plans built here.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Literal, Sequence
@@ -149,9 +150,11 @@ def check_plan(plan: Plan) -> None:
             raise PlanError(f"axis {a}: unknown algorithm {alg!r}; expected one of {', '.join(ALGORITHMS)}")
         if lay not in ("fused", "split"):
             raise PlanError(f"axis {a}: unknown layout {lay!r}")
-        if alg in ("direct", "oneshot") and plan.axis_size(a) > 2:
+        if alg == "direct" and plan.axis_size(a) > 2:
             if plan.flat or plan.topology.dimensions[a].kind == "ring":
-                raise PlanError(f"axis {a}: {alg} exchange needs a switch dimension; a ring only links neighbours")
+                raise PlanError(f"axis {a}: direct exchange needs a switch dimension; a ring only links neighbours")
+        if alg == "oneshot" and plan.flat:
+            raise PlanError("a flat ring has no one-shot exchange")
         if alg == "oneshot" and plan.collective != "allreduce":
             raise PlanError(f"axis {a}: one-shot exchange is an all-reduce of the last axis; {plan.collective} has none")
     for k, c in enumerate(plan.chunks):
@@ -197,8 +200,12 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
         bw = dim.bandwidth / (2 if dim.uses_both_directions else 1)
     bpus = bw * 1e3  # bytes per microsecond
     alg = plan.algorithms[stage.axis]
+    ring_axis = plan.flat or plan.topology.dimensions[stage.axis].kind == "ring"
     if alg == "oneshot" and stage.kind == "ar":
-        return alpha + (n - 1) * data / bpus
+        # switch: one exchange; ring: n // 2 flooding rounds, each link carrying half the copies
+        return (n // 2 if ring_axis and n > 2 else 1) * alpha + (n - 1) * data / bpus
+    if alg == "oneshot":
+        alg = "ring" if ring_axis and n > 2 else "direct"
     if alg == "ring":
         one = (n - 1) * (alpha + data / n / bpus)
     else:
@@ -223,24 +230,54 @@ def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
         ring_dir = c.direction if plan.algorithms[st.axis] == "ring" else 0
         return (st.axis, c.lane_of(j), ring_dir)
 
+    # per resource: stages not ready yet (by ready time) and stages ready once it is free
+    # (later stages first, then lower chunks)
     free: dict[tuple[int, int, int], float] = {}
-    ready: list[tuple[float, int, int]] = [(0.0, k, 0) for k in range(nchunks)]  # (ready time, chunk, stage)
+    pending: dict[tuple[int, int, int], list[tuple[float, int, int]]] = {}
+    waiting: dict[tuple[int, int, int], list[tuple[int, int, float]]] = {}
+
+    def add(res: tuple[int, int, int], ready: float, j: int, k: int) -> None:
+        if ready <= free.get(res, 0.0):
+            heapq.heappush(waiting.setdefault(res, []), (-j, k, ready))
+        else:
+            heapq.heappush(pending.setdefault(res, []), (ready, -j, k))
+
+    for k in range(nchunks):
+        add(resource(k, 0), 0.0, 0, k)
     out: list[tuple[int, int]] = []
-    while ready:
-        best_i, best_key = 0, None
-        for i, (t, k, j) in enumerate(ready):
-            start = max(t, free.get(resource(k, j), 0.0))
-            key = (start, -j, k)
-            if best_key is None or key < best_key:
-                best_i, best_key = i, key
-        assert best_key is not None
-        _t, k, j = ready.pop(best_i)
-        st = stages[k][j]
-        end = best_key[0] + stage_cost(plan, k, st, nbytes)
-        free[resource(k, j)] = end
+    while pending or waiting:
+        best = None
+        for res in set(pending) | set(waiting):
+            f = free.get(res, 0.0)
+            if waiting.get(res):
+                negj, k, _ready = waiting[res][0]
+                key = (f, negj, k)
+            else:
+                ready, negj, k = pending[res][0]
+                key = (max(ready, f), negj, k)
+            if best is None or key < best[0]:
+                best = (key, res)
+        assert best is not None
+        (start, negj, k), res = best
+        if waiting.get(res) and waiting[res][0][:2] == (negj, k):
+            heapq.heappop(waiting[res])
+        else:
+            heapq.heappop(pending[res])
+        for table in (waiting, pending):
+            if res in table and not table[res]:
+                del table[res]
+        j = -negj
+        end = start + stage_cost(plan, k, stages[k][j], nbytes)
+        free[res] = end
+        # stages that were waiting for this resource to become free at `end` or earlier
+        while pending.get(res) and pending[res][0][0] <= end:
+            ready, nj, kk = heapq.heappop(pending[res])
+            heapq.heappush(waiting.setdefault(res, []), (nj, kk, ready))
+        if res in pending and not pending[res]:
+            del pending[res]
         out.append((k, j))
         if j + 1 < len(stages[k]):
-            ready.append((end, k, j + 1))
+            add(resource(k, j + 1), end, j + 1, k)
     return tuple(out)
 
 
@@ -290,7 +327,8 @@ def bandwidth_order(topology: Topology) -> tuple[int, ...]:
 def _needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[str]) -> bool:
     if flat:
         return False
-    return any(d.uses_both_directions and alg == "ring" for d, alg in zip(topology.dimensions, algorithms))
+    # one-shot axes still reduce-scatter and all-gather by ring when they are not last
+    return any(d.uses_both_directions and alg in ("ring", "oneshot") for d, alg in zip(topology.dimensions, algorithms))
 
 
 def uniform_chunks(k: int, orders: Sequence[tuple[int, ...]], both_directions: bool, lanes: int = 1) -> tuple[ChunkPlan, ...]:

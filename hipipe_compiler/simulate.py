@@ -175,6 +175,7 @@ class _Simulator:
         self.dim_bytes = [0.0] * topology.ndims
         self.intervals: list[Interval] = []
         self.link_cache: dict[tuple[int, int], tuple] = {}
+        self.recv_queues: dict[tuple[int, int], tuple] = {}
         for gpu in program.gpus:
             for tb in gpu.threadblocks:
                 steps, deps, pending = [], [], []
@@ -228,10 +229,16 @@ class _Simulator:
     def recv_queue(self, tb: _Tb) -> tuple:
         """The queue a receive consumes. In a quotient simulation rank 0 stands for every rank:
         what it receives from q is what it sends to -q (q's coordinates negated)."""
-        if self.quotient:
-            mirror = self.topology.rank(tuple(-c % d.size for c, d in zip(self.topology.coords(tb.recv), self.topology.dimensions)))
-            return (tb.chan, tb.rank, mirror)
-        return (tb.chan, tb.recv, tb.rank)
+        queue = self.recv_queues.get(tb.key)
+        if queue is None:
+            if self.quotient:
+                topo = self.topology
+                mirror = topo.rank(tuple(-c % d.size for c, d in zip(topo.coords(tb.recv), topo.dimensions)))
+                queue = (tb.chan, tb.rank, mirror)
+            else:
+                queue = (tb.chan, tb.recv, tb.rank)
+            self.recv_queues[tb.key] = queue
+        return queue
 
     # -- threadblocks
     def deps_met(self, tb: _Tb) -> bool:

@@ -23,8 +23,9 @@ def plans(draw, max_ranks: int = 32, max_chunks: int = 4) -> Plan:
     algorithms = []
     for a in range(naxes):
         can_direct = sizes[a] == 2 or (not flat and topo.dimensions[a].kind == "switch")
-        choices = ["ring", "direct"] + (["oneshot"] if coll == "allreduce" else [])
-        algorithms.append(draw(st.sampled_from(choices)) if can_direct else "ring")
+        oneshot = ["oneshot"] if coll == "allreduce" and not flat else []
+        choices = (["ring", "direct"] if can_direct else ["ring"]) + oneshot
+        algorithms.append(draw(st.sampled_from(choices)))
     nchunks = draw(st.integers(1, max_chunks))
     chunks = []
     for _ in range(nchunks):

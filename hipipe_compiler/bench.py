@@ -46,6 +46,28 @@ BASELINES: dict[str, PlanFor] = {
     "themis": lambda topo, coll, nbytes, proto: themis_plan(topo, coll, 16, proto, nbytes, nbytes, nbytes),
 }
 REFERENCE = "hierarchical"
+#: Algorithms whose ring through every rank is not the same on every rank (simulated in full).
+FLAT = ("ring",)
+#: HiPIPE and the restricted searches of its ablation (hipipe.ABLATIONS).
+OPTIMIZED = ("hipipe", "hipipe-uniform", "hipipe-lp-1order", "hipipe-lp-mixed", "hipipe-fixed-k8")
+
+
+def optimized(name: str) -> Callable[[Topology, str, int], tuple[Program, dict[str, Any]]]:
+    """An algorithm that searches its own plan for each size (HiPIPE, or an ablation of it)."""
+    from .hipipe import ABLATIONS, Search, optimize_window
+    searches: dict[tuple[Topology, str], Search] = {}
+
+    def run(topo: Topology, coll: str, size: int) -> tuple[Program, dict[str, Any]]:
+        search = searches.setdefault((topo, coll), Search(topo, coll))
+        forced, baselines = ABLATIONS.get(name, (None, True))
+        choice = optimize_window(search, size, size, forced=forced, baselines=baselines)
+        for plan in (choice.plan, *choice.alternatives):
+            try:
+                return lower(plan), {"plan": choice.knobs.label if choice.knobs else plan.label}
+            except PlanError:
+                continue
+        raise PlanError(f"{name}: no candidate fits the runtime on {topo.label}")
+    return run
 
 
 @dataclass(frozen=True)
@@ -100,8 +122,8 @@ def load_grid(path: str | Path) -> Grid:
 
 def check_algorithms(names: Sequence[str], known: dict[str, Any]) -> None:
     for name in names:
-        if name not in known:
-            raise InputError(None, "--algos", f"unknown algorithm {name!r}; expected some of {', '.join(known)}")
+        if name not in known and name not in OPTIMIZED:
+            raise InputError(None, "--algos", f"unknown algorithm {name!r}; expected some of {', '.join([*known, *OPTIMIZED])}")
 
 
 def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | None = None,
@@ -112,7 +134,10 @@ def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | N
     `extra` adds algorithms that produce their own program (the HiPIPE optimizer).
     """
     builders = dict(BASELINES if builders is None else builders)
-    extra = extra or {}
+    extra = dict(extra or {})
+    for name in grid.algorithms:
+        if name in OPTIMIZED and name not in extra:
+            extra[name] = optimized(name)
     check_algorithms(grid.algorithms, {**builders, **extra})
     tasks = [(name, topo, size, algo) for name, topo in grid.topologies.items() for size in grid.sizes
              for algo in grid.algorithms]
@@ -145,7 +170,11 @@ def _run_one(name: str, topo: Topology, size: int, algo: str, grid: Grid, builde
             if key not in cache:
                 cache[key] = lower(plan)
             program = cache[key]
-        result = simulate(program, topo, size)
+        if algo in FLAT:
+            result = simulate(program, topo, size)
+        else:
+            # every rank runs rank 0's schedule shifted by its coordinates: rank 0 alone is exact
+            result = simulate(replace(program, gpus=program.gpus[:1]), topo, size, quotient=True)
     except (PlanError, SimulationError) as exc:
         return BenchRow(name, topo.nranks, size, algo, None, None, None, error=str(exc))
     return BenchRow(name, topo.nranks, size, algo, result.time_us, result.lower_bound_us, result.busbw_GBps,

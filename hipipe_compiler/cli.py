@@ -17,7 +17,7 @@ from tabulate import tabulate
 from . import __version__
 from .compiler import (
     ALGORITHMS, DTYPES, CompileOptions, VerificationFailed, check_divisible, check_output_path,
-    compile_range, window_summary, write_directory, write_file,
+    compile_range, window_label, window_summary, write_directory, write_file,
 )
 from .errors import InputError, PlanError
 from .runtime import Limits
@@ -88,9 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     size = p.add_mutually_exclusive_group(required=True)
     size.add_argument("--size", type=_size("--size"), help="one call size, e.g. 256MiB: writes one file")
     size.add_argument("--sizes", type=_size_range, help="a range MIN:MAX, e.g. 1KiB:4GiB: writes one file per size window into a directory")
-    p.add_argument("--algo", default="hierarchical", choices=ALGORITHMS, help="schedule (default hierarchical)")
-    p.add_argument("--chunks", type=_int("--chunks", 1, 4096), help="pipeline chunks per loop iteration (default 1)")
-    p.add_argument("--proto", choices=PROTOCOLS, help="MSCCL protocol (default Simple)")
+    p.add_argument("--algo", default="hipipe", choices=ALGORITHMS,
+                   help="hipipe (default: the optimizer, judged by the simulator), or a baseline: hierarchical, ring")
+    p.add_argument("--chunks", type=_int("--chunks", 1, 4096), help="baselines: pipeline chunks per loop iteration (default 1)")
+    p.add_argument("--proto", choices=PROTOCOLS, help="baselines: MSCCL protocol (default Simple)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type of the calls (default float32)")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help="XML dialect: executor (msccl-executor-nccl, RCCL) or legacy (microsoft/msccl)")
     p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=108, help="threadblock budget per rank (default 108, the A100's SM count)")
@@ -112,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write busbw against size, one panel per topology, to this PNG/SVG file")
     p.add_argument("--csv", help="also write the rows as CSV to this file")
     p.add_argument("--json", help="also write the rows as JSON to this file")
+    p.add_argument("--ablation", action="store_true",
+                   help="add HiPIPE's ablation: uniform chunks, LP sizes with one order, LP sizes with mixed orders, fixed K=8")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
@@ -189,18 +192,35 @@ def cmd_compile(args: argparse.Namespace) -> int:
         dtype_bytes=DTYPES[args.dtype], limits=Limits(max_threadblocks=args.max_tbs),
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
+    planner = None
+    bar = None
+    if args.algo == "hipipe" and not args.quiet and not args.json and sys.stderr.isatty():
+        from functools import partial
+
+        from tqdm import tqdm
+
+        from .compiler import hipipe_planner
+        bar = tqdm(desc="planning windows", unit="window", leave=False)
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+        planner = partial(hipipe_planner, progress=progress)
     try:
-        windows = compile_range(topo, options, lo, hi)
+        windows = compile_range(topo, options, lo, hi, planner)
     except VerificationFailed as exc:
         _report_violations(f"{topo.label} {exc.window.label}", exc.report)
         return 1
+    finally:
+        if bar is not None:
+            bar.close()
     if not directory:
         check_divisible(windows[0].program, args.size, options.dtype_bytes)
         write_file(windows[0], out, args.dialect)
     else:
         manifest = {
             "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
-            "dialect": args.dialect, "dtype_bytes": options.dtype_bytes,
+            "algorithm": args.algo, "dialect": args.dialect, "dtype_bytes": options.dtype_bytes,
             "windows": [window_summary(w) for w in windows],
         }
         write_directory(windows, out, manifest, args.dialect)
@@ -210,12 +230,28 @@ def cmd_compile(args: argparse.Namespace) -> int:
     elif not args.quiet:
         where = f"{out}/ ({len(windows)} file(s); MSCCL_ALGO_DIR={out})" if directory else str(out)
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
-        rows = [(f"{format_size(s['min_bytes'])}..{format_size(s['max_bytes'])}", s["protocol"], s["chunks"],
-                 s["nchunksperloop"], s["channels"], s["threadblocks"], s["longest_threadblock"],
-                 "yes" if s["verified"] else "-") for s in summaries]
-        print(tabulate(rows, headers=("window", "proto", "chunks", "nchunksperloop", "channels", "threadblocks",
-                                      "longest tb", "verified")))
+        print(summary_table(summaries))
     return 0
+
+
+def summary_table(summaries: list[dict[str, Any]]) -> str:
+    """One row per size window: what was chosen, its shape, and its simulated performance."""
+    rows = []
+    for s in summaries:
+        u = s.get("utilisation")
+        rows.append((
+            window_label(s["min_bytes"], s["max_bytes"]), s.get("choice", s["algorithm"]),
+            s["protocol"], s["chunks"], _units_text(s["chunk_units"]), s["channels"], s["threadblocks"],
+            s["longest_threadblock"], f"{s['predicted_us']:,.1f}", f"{s['busbw_GBps']:,.1f}",
+            "-" if u is None else f"{u:.3f}", "yes" if s["verified"] else "-",
+        ))
+    return tabulate(rows, headers=("window", "plan", "proto", "chunks", "chunk sizes", "channels", "tbs", "longest tb",
+                                   "us @max", "busbw GB/s", "T_LB/T", "verified"), disable_numparse=True)
+
+
+def _units_text(units: list[int]) -> str:
+    text = "/".join(map(str, units))
+    return text if len(text) <= 24 else text[:21] + "..."
 
 
 # -- verify -----------------------------------------------------------------------------------
@@ -294,7 +330,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.grid:
         grid = load_grid(args.grid)
     elif args.topo:
-        grid = Grid({load_topology(t).label: load_topology(t) for t in args.topo}, (1 << 20, 64 << 20, 1 << 30))
+        grid = Grid({load_topology(t).label: load_topology(t) for t in args.topo}, (1 << 20, 64 << 20, 1 << 30),
+                    algorithms=(*BASELINES, "hipipe"))
     else:
         path = _default_grid()
         if not path.is_file():
@@ -307,6 +344,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.algos:
         check_algorithms(args.algos, BASELINES)
         grid = dc_replace(grid, algorithms=tuple(args.algos))
+    if args.ablation:
+        from .bench import OPTIMIZED
+        grid = dc_replace(grid, algorithms=tuple(dict.fromkeys((*grid.algorithms, *OPTIMIZED))))
     rows = run_grid(grid, progress=not args.no_progress and sys.stderr.isatty())
     print(table(rows))
     if args.csv:

@@ -2,7 +2,7 @@
 Program per size window out, ready to be written as MSCCL XML.
 
 >>> from hipipe_compiler.topology import preset
->>> windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(), 1 << 20, 1 << 22)
+>>> windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(algorithm="hierarchical"), 1 << 20, 1 << 22)
 >>> [(w.window.min_bytes, w.window.max_bytes) for w in windows]
 [(1048576, 4194304)]
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .errors import InputError
+from .errors import InputError, PlanError
 from .lowering import lower
 from .runtime import Limits, piece_count
 from .msccl_xml import Dialect, write_atomic, write_program
@@ -26,7 +26,7 @@ from .units import format_size
 from .verify import Report, VerifyOptions, verify
 
 #: Algorithms `hipipe compile --algo` accepts.
-ALGORITHMS: tuple[str, ...] = ("hierarchical", "ring")
+ALGORITHMS: tuple[str, ...] = ("hipipe", "hierarchical", "ring")
 #: Element sizes of the NCCL data types, for the runtime's divisibility rule.
 DTYPES: dict[str, int] = {
     "int8": 1, "uint8": 1, "fp8": 1, "float16": 2, "bfloat16": 2,
@@ -43,7 +43,20 @@ class Window:
 
     @property
     def label(self) -> str:
-        return f"{format_size(self.min_bytes)}-{format_size(self.max_bytes)}"
+        """min..max, or min..<2^k when the window stops just below a power of two."""
+        return window_label(self.min_bytes, self.max_bytes)
+
+
+def window_label(min_bytes: int, max_bytes: int) -> str:
+    """A size window as people read it: 1KiB..<128KiB rather than 1KiB..127.999KiB.
+
+    >>> window_label(1024, (128 << 10) - 1), window_label(1 << 20, 1 << 20)
+    ('1KiB..<128KiB', '1MiB..1MiB')
+    """
+    end = max_bytes + 1
+    if end & (end - 1) == 0 and max_bytes > min_bytes:
+        return f"{format_size(min_bytes)}..<{format_size(end)}"
+    return f"{format_size(min_bytes)}..{format_size(max_bytes)}"
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,7 @@ class CompileOptions:
     """Everything besides the topology and sizes that decides the programs."""
 
     collective: str = "allreduce"
-    algorithm: str = "hierarchical"
+    algorithm: str = "hipipe"
     chunks: int | None = None
     protocol: str | None = None  # None: the algorithm's default
     dtype_bytes: int = 4
@@ -79,11 +92,18 @@ class VerificationFailed(Exception):
         super().__init__(f"window {window.label}: {report.summary()}")
 
 
+#: Windows double in size up to here and quadruple beyond: large calls change plans slowly.
+WIDE_WINDOWS_FROM = 16 << 20
+
+
 def size_windows(min_bytes: int, max_bytes: int) -> tuple[Window, ...]:
-    """Split [min, max] at powers of two into windows that tile it with no gap and no overlap.
+    """Split [min, max] at powers of two (powers of four from WIDE_WINDOWS_FROM on) into
+    windows that tile it with no gap and no overlap.
 
     >>> [(w.min_bytes, w.max_bytes) for w in size_windows(1000, 5000)]
     [(1000, 1023), (1024, 2047), (2048, 4095), (4096, 5000)]
+    >>> [w.label for w in size_windows(16 << 20, 1 << 30)]
+    ['16MiB..<64MiB', '64MiB..<256MiB', '256MiB..<1GiB', '1GiB..1GiB']
     """
     if min_bytes < 1 or max_bytes < min_bytes:
         raise InputError(None, "sizes", f"expected 1 <= MIN <= MAX, got {min_bytes}:{max_bytes}")
@@ -91,6 +111,8 @@ def size_windows(min_bytes: int, max_bytes: int) -> tuple[Window, ...]:
     lo = min_bytes
     while lo <= max_bytes:
         nxt = 1 << lo.bit_length()  # the next power of two above lo
+        if nxt > WIDE_WINDOWS_FROM and (nxt.bit_length() - WIDE_WINDOWS_FROM.bit_length()) % 2:
+            nxt <<= 1  # beyond WIDE_WINDOWS_FROM, windows end at every other power of two
         hi = min(max_bytes, nxt - 1)
         out.append(Window(lo, hi))
         lo = hi + 1
@@ -109,17 +131,41 @@ def check_options(topology: Topology, options: CompileOptions) -> None:
         raise InputError(None, "--chunks", f"expected an integer from 1 to 4096, got {options.chunks}")
 
 
-PlanBuilder = Callable[[Topology, CompileOptions, Window], Plan]
+#: Plans every window of a range at once (so a window can start from its neighbours' choice),
+#: returning one plan per window and what the planner wants to report about it.
+Planner = Callable[[Topology, CompileOptions, Sequence[Window]], list[tuple[Plan, dict[str, Any]]]]
 
 
-def baseline_plan(topology: Topology, options: CompileOptions, window: Window) -> Plan:
-    """The plan of a baseline algorithm (flat ring or hierarchical with uniform chunks)."""
+def baseline_planner(topology: Topology, options: CompileOptions, windows: Sequence[Window]) -> list[tuple[Plan, dict[str, Any]]]:
+    """The plans of a baseline algorithm (flat ring or hierarchical with uniform chunks)."""
     chunks = options.chunks or 1
     proto = options.protocol or "Simple"
-    if options.algorithm == "ring":
-        return ring_plan(topology, options.collective, chunks, proto, window.min_bytes, window.max_bytes, window.max_bytes)
-    return hierarchical_plan(topology, options.collective, chunks, proto, min_bytes=window.min_bytes,
-                             max_bytes=window.max_bytes, nominal_bytes=window.max_bytes)
+    out = []
+    for w in windows:
+        if options.algorithm == "ring":
+            plan = ring_plan(topology, options.collective, chunks, proto, w.min_bytes, w.max_bytes, w.max_bytes)
+        else:
+            plan = hierarchical_plan(topology, options.collective, chunks, proto, min_bytes=w.min_bytes,
+                                     max_bytes=w.max_bytes, nominal_bytes=w.max_bytes)
+        out.append((plan, {}))
+    return out
+
+
+def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequence[Window],
+                   progress: Callable[[int, int], None] | None = None) -> list[tuple[Plan, dict[str, Any]]]:
+    """HiPIPE: the optimizer's choice per window (hipipe.optimize), judged by the simulator."""
+    from .hipipe import optimize
+    done = [0]
+
+    def tick(_choice: Any) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], len(windows))
+
+    choices = optimize(topology, options.collective, [(w.min_bytes, w.max_bytes) for w in windows], options.limits,
+                       progress=tick, dtype_bytes=options.dtype_bytes)
+    return [(c.plan, {"choice": c.knobs.label if c.knobs else c.plan.label, "alternatives": c.alternatives})
+            for c in choices]
 
 
 def lowering_key(plan: Plan) -> tuple[Any, ...]:
@@ -130,31 +176,73 @@ def lowering_key(plan: Plan) -> tuple[Any, ...]:
 
 
 def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
-                  builder: PlanBuilder = baseline_plan, merge: bool = True) -> list[CompiledWindow]:
-    """Compile every size window of [min, max]; adjacent windows with the same program merge."""
+                  planner: Planner | None = None, merge: bool = True) -> list[CompiledWindow]:
+    """Compile every size window of [min, max]; adjacent windows with the same program merge.
+
+    Every final program is proven by the verifier at its own window's largest size, and
+    timed by the simulator at the window's largest size for the summary.
+    """
     check_options(topology, options)
+    if planner is None:
+        planner = hipipe_planner if options.algorithm == "hipipe" else baseline_planner
+    windows = size_windows(min_bytes, max_bytes)
     out: list[CompiledWindow] = []
-    cache: dict[Any, Program] = {}
-    for w in size_windows(min_bytes, max_bytes):
-        plan = builder(topology, options, w)
+    cache: dict[Any, Program | PlanError] = {}
+
+    def lowered(plan: Plan) -> Program:
         key = lowering_key(plan)
         if key not in cache:
-            cache[key] = lower(plan, options.limits).with_window(0, 0)
-        program = cache[key]
+            try:
+                cache[key] = lower(plan, options.limits).with_window(0, 0)
+            except PlanError as exc:
+                cache[key] = exc
+        result = cache[key]
+        if isinstance(result, PlanError):
+            raise result
+        return result
+
+    for w, (plan, details) in zip(windows, planner(topology, options, windows)):
+        candidates = [plan, *details.pop("alternatives", ())]
+        for index, candidate in enumerate(candidates):
+            # the planner judged rank 0; a candidate that does not fit every rank gives way
+            candidate = candidate.with_window(w.min_bytes, w.max_bytes)
+            try:
+                program = lowered(candidate)
+            except PlanError:
+                if index == len(candidates) - 1:
+                    raise
+                continue
+            plan = candidate
+            break
         if merge and out and out[-1].program.with_window(0, 0) == program:
             merged = Window(out[-1].window.min_bytes, w.max_bytes)
             out[-1] = replace(out[-1], window=merged, plan=plan.with_window(merged.min_bytes, merged.max_bytes),
                               program=program.with_window(merged.min_bytes, merged.max_bytes))
         else:
-            out.append(CompiledWindow(w, plan, program.with_window(w.min_bytes, w.max_bytes), None))
-    if options.check:
-        # the FIFO model depends on the window's largest size, so each final window is proven
-        for i, cw in enumerate(out):
+            out.append(CompiledWindow(w, plan, program.with_window(w.min_bytes, w.max_bytes), None, details))
+    for i, cw in enumerate(out):
+        report = None
+        if options.check:
+            # the FIFO model depends on the window's largest size, so each final window is proven
             report = verify(cw.program, VerifyOptions(max_steps=options.limits.max_steps))
             if not report.ok:
                 raise VerificationFailed(cw.window, report)
-            out[i] = replace(cw, report=report)
+        out[i] = replace(cw, report=report, details={**cw.details, **predict(cw, topology)})
     return out
+
+
+def predict(cw: CompiledWindow, topology: Topology) -> dict[str, Any]:
+    """Simulated time, busbw and utilisation at the window's largest size."""
+    from .simulate import simulate
+    size = cw.window.max_bytes
+    if cw.plan.flat:
+        result = simulate(cw.program, topology, size)
+    else:
+        # every rank runs rank 0's schedule shifted: simulating rank 0 alone is exact and fast
+        rank0 = replace(cw.program, gpus=cw.program.gpus[:1])
+        result = simulate(rank0, topology, size, quotient=True)
+    return {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
+            "utilisation": result.utilisation}
 
 
 def check_divisible(program: Program, nbytes: int, dtype_bytes: int) -> None:
@@ -174,7 +262,7 @@ MANIFEST_DIR = ".hipipe"
 def program_file_name(cw: CompiledWindow, index: int) -> str:
     """File name of one window's program; names sort in window order."""
     p = cw.program
-    return f"{p.collective}-{p.ngpus}r-{index:02d}-{format_size(cw.window.min_bytes)}-{format_size(cw.window.max_bytes)}.xml"
+    return f"{p.collective}-{p.ngpus}r-{index:02d}-{format_size(cw.window.min_bytes)}-{format_size(cw.window.max_bytes + 1)}.xml"
 
 
 def check_output_path(path: str | Path, directory: bool) -> Path:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.compiler import (
-    MANIFEST_DIR, CompileOptions, check_divisible, check_output_path, compile_range, size_windows, write_directory,
+    MANIFEST_DIR, WIDE_WINDOWS_FROM, CompileOptions, check_divisible, check_output_path, compile_range, size_windows, write_directory,
 )
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.msccl_xml import read_program
@@ -23,11 +23,12 @@ def test_windows_tile_the_range_without_gap_or_overlap(lo, extra):
         assert b.min_bytes == a.max_bytes + 1
     for w in windows:
         assert w.min_bytes <= w.max_bytes
-        assert w.max_bytes.bit_length() == w.min_bytes.bit_length()  # one power-of-two octave each
+        octaves = w.max_bytes.bit_length() - w.min_bytes.bit_length()
+        assert octaves == 0 or (octaves == 1 and w.min_bytes >= WIDE_WINDOWS_FROM)
 
 
 def test_compiled_windows_tile_and_merge_identical_programs():
-    out = compile_range(preset("torus-4x4"), CompileOptions(chunks=2), 1 << 10, 4 << 30)
+    out = compile_range(preset("torus-4x4"), CompileOptions(algorithm="hierarchical", chunks=2), 1 << 10, 4 << 30)
     assert out[0].window.min_bytes == 1 << 10 and out[-1].window.max_bytes == 4 << 30
     for a, b in zip(out, out[1:]):
         assert b.window.min_bytes == a.window.max_bytes + 1
@@ -39,10 +40,16 @@ def test_compiled_windows_tile_and_merge_identical_programs():
 
 
 def test_size_must_divide_as_the_runtime_needs():
-    program = compile_range(preset("dgx-h100-8x4"), CompileOptions(), 1 << 20, 1 << 20)[0].program
+    program = compile_range(preset("dgx-h100-8x4"), CompileOptions(algorithm="hierarchical"), 1 << 20, 1 << 20)[0].program
     check_divisible(program, 1 << 20, 4)
     with pytest.raises(InputError, match="not a multiple of 128 bytes"):
         check_divisible(program, 1000, 4)
+
+
+def test_hipipe_only_picks_programs_the_runtime_can_select():
+    for size in (1 << 10, 1 << 20, 64 << 20):
+        for w in compile_range(preset("dgx-h100-8x4"), CompileOptions(), size, 2 * size - 1):
+            check_divisible(w.program, w.window.min_bytes, 4)
 
 
 def test_output_path_checks(tmp_path):
@@ -57,7 +64,7 @@ def test_output_path_checks(tmp_path):
 
 
 def test_directory_holds_only_xml_and_the_manifest_sits_in_a_hidden_subdirectory(tmp_path):
-    windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(), 1 << 10, 1 << 30)
+    windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(algorithm="hierarchical"), 1 << 10, 1 << 30)
     out = tmp_path / "algos"
     write_directory(windows, out, {"tool": "test"})
     files = sorted(p for p in out.iterdir() if p.is_file())

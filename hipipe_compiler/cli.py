@@ -23,7 +23,9 @@ from .errors import InputError, PlanError
 from .runtime import Limits
 from .msccl_xml import DIALECTS, lexical_issues, read_program
 from .program import PLANNED_COLLECTIVES, PROTOCOLS
+from .profiles import A100_AMP
 from .topology import PRESETS, load_topology
+from .training import POLICIES
 from .units import format_size, parse_size, parse_size_range
 from .simulate import SimulationError, simulate
 from .verify import Report, VerifyOptions, Violation, verify
@@ -45,6 +47,18 @@ def _int(name: str, low: int, high: int | None = None):
         if value < low or (high is not None and value > high):
             bound = f"from {low} to {high}" if high is not None else f">= {low}"
             raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {value}")
+        return value
+    return parse
+
+
+def _positive(name: str):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value > 0 and value != float("inf")):
+            raise argparse.ArgumentTypeError(f"{name}: expected a number > 0, got {text!r}")
         return value
     return parse
 
@@ -117,6 +131,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add HiPIPE's ablation: uniform chunks, LP sizes with one order, LP sizes with mixed orders, fixed K=8")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
+    p = sub.add_parser("plan", help="plan a training iteration's gradient synchronisation (PipeDAP-style) and compile its programs")
+    p.add_argument("--profile", required=True, help="a built-in model (vgg16, resnet50, densenet201, bert_base, gpt2) or a layer-profile YAML/JSON file")
+    p.add_argument("--topo", required=True, help="a YAML/JSON topology file or a preset")
+    p.add_argument("--policy", default="hipipe", choices=POLICIES, help="the policy whose plan is written (default hipipe, ours); the table compares all")
+    p.add_argument("--algo", default="hipipe", choices=ALGORITHMS, help="algorithm of the compiled collectives (default hipipe)")
+    p.add_argument("--batch-size", type=_int("--batch-size", 1), help=f"per-GPU batch for times derived from MACs (default {A100_AMP.batch_size})")
+    p.add_argument("--tflops", type=_positive("--tflops"), help=f"effective device TFLOP/s for derived times (default {A100_AMP.tflops:g}, an A100 with AMP)")
+    p.add_argument("--derive-all", action="store_true", help="derive every time from MACs, also the measured ones")
+    p.add_argument("-o", "--output", help="write DIR/plan.json and DIR/msccl-algorithms/ (for MSCCL_ALGO_DIR)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
     p.add_argument("file", help="an MSCCL XML algorithm file")
     p.add_argument("--max-steps", type=_int("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
@@ -132,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify, "simulate": cmd_simulate,
-                "bench": cmd_bench}[args.command](args)
+                "bench": cmd_bench, "plan": cmd_plan}[args.command](args)
     except InputError as exc:
         print(f"hipipe: error: {exc}", file=sys.stderr)
         return 2
@@ -355,6 +380,62 @@ def cmd_bench(args: argparse.Namespace) -> int:
         write_text(args.json, to_json(rows))
     if args.plot:
         plot(rows, args.plot, grid)
+    return 0
+
+
+# -- plan -------------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from .commcost import SimulatedCost
+    from .profiles import load_profile
+    from .training import describe_cost, plan_training, write_plan
+    out = check_output_path(args.output, directory=True) if args.output else None
+    topo = load_topology(args.topo)
+    device = replace(A100_AMP, batch_size=args.batch_size or A100_AMP.batch_size, tflops=args.tflops or A100_AMP.tflops)
+    profile = load_profile(args.profile, device, keep_measured=not args.derive_all)
+    bar = None
+    if not args.json and sys.stderr.isatty():
+        from tqdm import tqdm
+        bar = tqdm(desc="compiling programs", unit="window", leave=False)
+    cost = SimulatedCost(topo, args.algo, profile.dtype_bytes,
+                         progress=None if bar is None else lambda coll, w: (bar.set_postfix_str(f"{coll} {w.label}"), bar.update()))
+    try:
+        report = plan_training(profile, cost, topo.nranks)
+        doc = write_plan(report, args.policy, cost, out, topo.label) if out is not None else None
+    except VerificationFailed as exc:
+        _report_violations(f"{topo.label} {exc.window.label}", exc.report)
+        return 1
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = report.summary()
+    if args.json:
+        _print_json({"profile": profile.name, "topology": topo.label, "world_size": topo.nranks,
+                     "cost_model": describe_cost(cost), "compute_ms": report.compute_ms, "best": report.best,
+                     "written": None if out is None else {"policy": args.policy, "plan": str(out / "plan.json"),
+                                                          "msccl_algo_dir": str(out / "msccl-algorithms"),
+                                                          "programs": [p["xml"] for p in doc["programs"]]},
+                     "policies": summary, "notes": list(profile.notes)})
+        return 0
+    print(f"{profile.name}: {len(profile.layers)} layers, {profile.params / 1e6:.1f}M parameters "
+          f"({format_size(profile.nbytes)} of gradients), compute {report.compute_ms:.2f} ms per iteration")
+    print(f"on {topo.label} ({topo.nranks} ranks); collective times: {describe_cost(cost)}")
+    for note in profile.notes:
+        print(f"note: {note}")
+    rows = []
+    for r in report.results:
+        prims = r.plan.primitives
+        rows.append((r.policy + (" *" if r.policy == report.best else ""), len(r.plan.buckets),
+                     f"{prims.count('allreduce')} AR / {prims.count('rs+ag')} RS+AG", f"{r.iteration_ms:.3f}",
+                     f"{r.exposed_comm_ms:.3f}", f"{r.iteration_ms / report['wfbp'].iteration_ms:.3f}" if "wfbp" in report.policies else "-"))
+    print(tabulate(rows, headers=("policy", "buckets", "primitives", "iteration ms", "exposed comm ms", "vs wfbp"),
+                   disable_numparse=True))
+    if out is not None:
+        print(f"wrote {out / 'plan.json'} ({args.policy}) and {len(doc['programs'])} verified program(s) in "
+              f"{out / 'msccl-algorithms'}/ (MSCCL_ALGO_DIR={out / 'msccl-algorithms'})")
     return 0
 
 

@@ -119,6 +119,16 @@ def size_windows(min_bytes: int, max_bytes: int) -> tuple[Window, ...]:
     return tuple(out)
 
 
+def window_of(nbytes: int) -> Window:
+    """The size window holding nbytes, as `--sizes 1:MAX` would cut it for any MAX >= nbytes.
+
+    >>> window_of(3000).label, window_of(20 << 20).label
+    ('2KiB..<4KiB', '16MiB..<64MiB')
+    """
+    size = max(int(nbytes), 1)
+    return next(w for w in size_windows(1, 4 * size) if w.min_bytes <= size <= w.max_bytes)
+
+
 def check_options(topology: Topology, options: CompileOptions) -> None:
     """Reject options that cannot describe a program, naming the option."""
     if options.collective not in PLANNED_COLLECTIVES:
@@ -309,15 +319,16 @@ def write_file(cw: CompiledWindow, path: str | Path, dialect: Dialect = "executo
 
 
 def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifest: dict[str, Any],
-                    dialect: Dialect = "executor") -> list[Path]:
+                    dialect: Dialect = "executor", names: Sequence[str] | None = None) -> list[Path]:
     """Write one XML per window into a directory ready for MSCCL_ALGO_DIR.
 
     The runtime parses every regular file of that directory as an algorithm, so the JSON
     manifest goes into the subdirectory .hipipe/, which it skips. All XML text is produced
-    before the first file is written.
+    before the first file is written. `names` overrides the file names (program_file_name).
     """
     path = Path(path)
-    texts = [(program_file_name(cw, i), write_program(cw.program, dialect)) for i, cw in enumerate(windows)]
+    names = [program_file_name(cw, i) for i, cw in enumerate(windows)] if names is None else list(names)
+    texts = [(name, write_program(cw.program, dialect)) for name, cw in zip(names, windows)]
     manifest = {**manifest, "files": [name for name, _ in texts]}
     written = []
     with _writing(path):

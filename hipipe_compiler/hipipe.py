@@ -8,8 +8,8 @@ simulated; the simulator is the judge (design.md "Optimizer").
 
 >>> from hipipe_compiler.topology import preset
 >>> knobs = Knobs(chunks=4, mix=True, ag_lane=True)
->>> plan = build_plan(preset("dgx-h100-8x4"), "allreduce", 1 << 20, 1 << 30, knobs)
->>> sorted({c.order for c in plan.chunks})
+>>> plan = build_plan(preset("torus-4x4"), "allreduce", 1 << 20, 1 << 30, knobs)
+>>> sorted({c.order for c in plan.chunks})  # two equal dimensions: half the chunks each way
 [(0, 1), (1, 0)]
 """
 

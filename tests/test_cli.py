@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import SAMPLES, real_xml_files, run_hipipe
+from conftest import SAMPLES, real_xml_files, run_hipipe, shared_path
 from hipipe_compiler.msccl_xml import lexical_issues, read_program
 from hipipe_compiler.topology import load_topology
 
@@ -187,3 +187,74 @@ def test_bench_writes_table_csv_json_and_plot(tmp_path):
     assert (tmp_path / "b.png").read_bytes()[:4] == b"\x89PNG"
     bad = run_hipipe("bench", "--topo", "torus-4x4", "--algos", "magic", "--no-progress")
     assert bad.returncode == 2 and "unknown algorithm" in bad.stderr
+
+
+# -- hipipe plan ------------------------------------------------------------------------------
+
+TOY_PROFILE = """\
+model: toy
+dtype_bytes: 4
+layers:
+""" + "".join(f"  - {{name: l{i}, params: {p}, fwd_ms: 0.2, bwd_ms: 0.4}}\n" for i, p in enumerate([300_000, 5_000, 1_200_000, 800_000, 64]))
+
+
+def test_plan_writes_a_plan_and_verified_programs(tmp_path):
+    profile = tmp_path / "toy.yaml"
+    profile.write_text(TOY_PROFILE)
+    out = tmp_path / "plan"
+    done = run_hipipe("plan", "--profile", profile, "--topo", "dgx-h100-8x2", "-o", out, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert set(summary["policies"]) == {"wfbp", "ddp", "dear", "pipedap", "hipipe"}
+    ours = summary["policies"]["hipipe"]["iteration_ms"]
+    assert all(ours <= p["iteration_ms"] + 1e-9 for p in summary["policies"].values())
+    assert all(p["exposed_comm_ms"] >= -1e-9 and p["iteration_ms"] >= summary["compute_ms"] - 1e-9
+               for p in summary["policies"].values())
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["policy"] == "hipipe" and plan["world_size"] == 16
+    assert plan["predicted"]["iteration_ms"] == pytest.approx(ours)
+    algo_dir = out / "msccl-algorithms"
+    files = {p.name for p in algo_dir.iterdir() if p.is_file()}
+    assert files == {p["xml"].split("/")[-1] for p in plan["programs"]}
+    by_id = {p["id"]: p for p in plan["programs"]}
+    for op in plan["ops"]:
+        program = read_program(algo_dir / f"{op['program']}.xml")
+        coll = {"AR": "allreduce", "RS": "reducescatter", "AG": "allgather"}[op["op"]]
+        assert program.collective == coll and program.ngpus == 16
+        # the runtime selects this program for the call: inside its window, whole chunks
+        assert program.min_bytes <= op["call_bytes"] < program.max_bytes + 1
+        assert op["call_bytes"] % (program.nchunksperloop * 4) == 0 and op["call_bytes"] >= op["bytes"]
+        assert op["call_bytes"] in by_id[op["program"]]["sizes"]
+    for f in sorted(files):
+        assert run_hipipe("verify", algo_dir / f).returncode == 0
+
+
+def test_plan_table_names_every_policy_and_the_synthetic_times(tmp_path):
+    shared_path("data", "layer-profiles.json")
+    done = run_hipipe("plan", "--profile", "bert_base", "--topo", "torus-4x4", "--algo", "hierarchical")
+    assert done.returncode == 0, done.stderr
+    for policy in ("wfbp", "ddp", "dear", "pipedap", "hipipe"):
+        assert policy in done.stdout
+    assert "derived from MACs" in done.stdout and "simulated hierarchical programs on torus-4x4" in done.stdout
+
+
+@pytest.mark.parametrize("body, field", [
+    ("model: bad\ndtype_bytes: 4\nlayers: []\n", "layers"),
+    ("model: bad\ndtype_bytes: 4\nlayers:\n  - {name: a, params: 10, fwd_ms: -1, bwd_ms: 1}\n", "fwd_ms"),
+    ("model: bad\ndtype_bytes: 4\nlayers:\n  - {name: a, params: 10, fwd_ms: 1, bwd_ms: 1\n", None),
+])
+def test_plan_rejects_bad_profiles(tmp_path, body, field):
+    profile = tmp_path / "bad.yaml"
+    profile.write_text(body)
+    out = tmp_path / "plan"
+    done = run_hipipe("plan", "--profile", profile, "--topo", "dgx-h100-8x2", "-o", out)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and str(profile) in done.stderr
+    if field:
+        assert field in done.stderr
+    assert not out.exists()
+
+
+def test_plan_rejects_an_unknown_model():
+    done = run_hipipe("plan", "--profile", "resnet5O", "--topo", "dgx-h100-8x2")
+    assert done.returncode == 2 and "unknown model" in done.stderr and "Traceback" not in done.stderr

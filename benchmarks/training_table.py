@@ -1,0 +1,55 @@
+"""Iteration time of every training policy on the built-in profiles, as the README shows it.
+
+Collective times come from the simulator on the programs `hipipe plan` compiles for each
+topology (one compile per size window, shared by all profiles of a topology).
+
+    python benchmarks/training_table.py [--topo dgx-h100-8x4 torus-4x4] [--algo hipipe] [--markdown]
+
+Two scenarios: the profiles' own times (as `hipipe plan` uses them by default), and every
+time derived from MACs at a small per-GPU batch (`hipipe plan --derive-all --batch-size 8`),
+where compute is short and communication shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from tabulate import tabulate
+
+from hipipe_compiler.commcost import SimulatedCost
+from dataclasses import replace
+
+from hipipe_compiler.profiles import A100_AMP, BUILTIN_PROFILES, load_profile
+from hipipe_compiler.topology import load_topology
+from hipipe_compiler.training import POLICIES, plan_training
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topo", nargs="+", default=["dgx-h100-8x4", "torus-4x4"])
+    parser.add_argument("--profiles", nargs="+", default=list(BUILTIN_PROFILES))
+    parser.add_argument("--algo", default="hipipe")
+    parser.add_argument("--markdown", action="store_true", help="print a GitHub table")
+    parser.add_argument("--batch-size", type=int, default=8, help="per-GPU batch of the derived-times scenario")
+    args = parser.parse_args()
+    rows = []
+    for spec in args.topo:
+        topo = load_topology(spec)
+        cost = SimulatedCost(topo, args.algo)
+        small_batch = replace(A100_AMP, batch_size=args.batch_size)
+        scenarios = [(name, times, load_profile(name) if times == "profile" else load_profile(name, small_batch, keep_measured=False))
+                     for times in ("profile", f"derived, batch {args.batch_size}") for name in args.profiles]
+        for name, times, profile in scenarios:
+            start = time.perf_counter()
+            report = plan_training(profile, cost, topo.nranks)
+            best_other = min(r.iteration_ms for r in report.results if r.policy != "hipipe")
+            rows.append([topo.label, name, times, f"{report.compute_ms:.1f}"]
+                        + [f"{report[p].iteration_ms:.2f} ({report[p].exposed_comm_ms:.2f})" for p in POLICIES]
+                        + [f"{best_other / report['hipipe'].iteration_ms:.3f}", f"{time.perf_counter() - start:.0f}"])
+    headers = ["topology", "profile", "times", "compute ms"] + [f"{p} ms (exposed)" for p in POLICIES] + ["best other / hipipe", "plan s"]
+    print(tabulate(rows, headers=headers, tablefmt="github" if args.markdown else "simple", disable_numparse=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,20 @@
+"""Every usage example in a docstring of the package runs as written."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import hipipe_compiler
+
+MODULES = sorted(m.name for m in pkgutil.iter_modules(hipipe_compiler.__path__, "hipipe_compiler.") if m.name != "hipipe_compiler.__main__")
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} docstring example(s) of {name} failed"

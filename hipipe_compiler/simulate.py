@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Hashable
 
 from .bounds import bus_factor, lower_bound
@@ -64,6 +64,7 @@ class Interval:
     offset: int
     cnt: int
     tb: int
+    reduce: bool | None = None  # the receiver reduced it (reduce-scatter work) or copied it
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class SimResult:
 
 class _Message:
     __slots__ = ("sender", "conn", "resources", "remaining", "rate", "since", "version", "arrived", "arrival",
-                 "dim", "start", "offset", "cnt", "iteration", "src", "dst")
+                 "dim", "start", "offset", "cnt", "iteration", "src", "dst", "record_index")
 
     def __init__(self, sender: "_Tb", conn: tuple, resources: tuple, wire_bytes: float, dim: int) -> None:
         self.sender = sender
@@ -119,6 +120,7 @@ class _Message:
         self.arrival = math.inf
         self.dim = dim
         self.start = 0.0
+        self.record_index = -1
 
 
 class _Tb:
@@ -272,11 +274,13 @@ class _Simulator:
                 self.recv_waiter[conn] = tb
                 return
             self.recv_waiter.pop(conn, None)
-            queue.popleft()  # consumed now: it stops counting toward the window
+            msg = queue.popleft()  # consumed now: it stops counting toward the window
             sender = self.window_waiter.pop(conn, None)
             if sender is not None:
                 self.schedule(self.now, "try", sender)
             reduces = st.type in ("rrs", "rrc", "rrcs")
+            if msg.record_index >= 0:
+                self.intervals[msg.record_index] = replace(self.intervals[msg.record_index], reduce=reduces)
             after = "send" if st.type in SENDING_TYPES else "finish"
             if reduces and self.g:
                 tb.phase = "reduce:" + after
@@ -389,6 +393,7 @@ class _Simulator:
         msg.arrived = True
         msg.arrival = self.now
         if self.record:
+            msg.record_index = len(self.intervals)
             self.intervals.append(Interval(msg.start, self.now, msg.src, msg.dst, msg.dim, msg.iteration,
                                            msg.offset, msg.cnt, msg.sender.id))
         receiver = self.recv_waiter.get(msg.conn)

@@ -8,20 +8,28 @@ networks, lowered to MSCCL XML, verified and timed.
 True
 """
 
+from .bounds import lower_bound
+from .commcost import SimulatedCost
+from .compiler import CompiledWindow, CompileOptions, compile_range, write_directory, write_file
 from .errors import InputError, PlanError
 from .lowering import lower
 from .runtime import Limits
 from .msccl_xml import lexical_issues, read_program, save_program, write_program
 from .plan import ChunkPlan, Plan, hierarchical_plan, ring_plan
+from .profiles import load_profile
 from .program import Gpu, Program, Step, Threadblock
+from .simulate import SimResult, simulate
+from .timeline import render_timeline
 from .topology import PRESETS, Dimension, Topology, load_topology, preset
+from .training import plan_training, write_plan
 from .units import format_size, parse_size
 from .verify import Report, Violation, VerifyOptions, verify
 
 __all__ = [
-    "ChunkPlan", "Dimension", "Gpu", "InputError", "Limits", "Plan", "PlanError", "PRESETS", "Program",
-    "Report", "Step", "Threadblock", "Topology", "VerifyOptions", "Violation", "format_size",
-    "hierarchical_plan", "lexical_issues", "load_topology", "lower", "parse_size", "preset",
-    "read_program", "ring_plan", "save_program", "verify", "write_program",
+    "ChunkPlan", "CompileOptions", "CompiledWindow", "Dimension", "Gpu", "InputError", "Limits", "Plan", "PlanError",
+    "PRESETS", "Program", "Report", "SimResult", "SimulatedCost", "Step", "Threadblock", "Topology", "VerifyOptions",
+    "Violation", "compile_range", "format_size", "hierarchical_plan", "lexical_issues", "load_profile", "load_topology",
+    "lower", "lower_bound", "parse_size", "plan_training", "preset", "read_program", "render_timeline", "ring_plan",
+    "save_program", "simulate", "verify", "write_directory", "write_file", "write_plan", "write_program",
 ]
 __version__ = "0.1.0"

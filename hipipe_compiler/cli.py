@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topo", required=True, help="a YAML/JSON topology file or a preset")
     p.add_argument("--size", required=True, type=_size("--size"), help="call size in bytes (nccl-tests convention), e.g. 1GiB")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--timeline", help="also draw the timeline (rows per dimension, bars coloured by chunk) to this .png or .svg file")
+    p.add_argument("--rank", type=_int("--rank", 0), nargs="+", default=[0], help="timeline: draw the messages these ranks send (default 0)")
+    p.add_argument("--per-rank", action="store_true", help="timeline: one set of rows per rank of --rank")
 
     p = sub.add_parser("bench", help="every algorithm on every topology and size of a grid, side by side")
     p.add_argument("--grid", default=None, help="grid file (default: benchmarks/grid.yaml of the checkout, configs C1 C3 C5 C6)")
@@ -323,9 +326,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     topo = load_topology(args.topo)
     if program.ngpus != topo.nranks:
         raise InputError(args.file, "algo.ngpus", f"the program is for {program.ngpus} ranks but {topo.label} has {topo.nranks}")
-    result = simulate(program, topo, args.size)
+    if args.timeline:
+        from .timeline import check_picture_path
+        check_picture_path(args.timeline)
+        check_output_path(args.timeline, directory=False)
+        bad = [r for r in args.rank if r >= topo.nranks]
+        if bad:
+            raise InputError(None, "--rank", f"expected ranks below {topo.nranks}, got {bad[0]}")
+    result = simulate(program, topo, args.size, record=bool(args.timeline))
+    if args.timeline:
+        from .timeline import render_timeline
+        render_timeline(result, program, topo, args.timeline, args.rank, args.per_rank)
     if args.json:
-        _print_json({"file": args.file, "topology": topo.label, **result.to_dict()})
+        _print_json({"file": args.file, "topology": topo.label, **result.to_dict(),
+                     **({"timeline": args.timeline} if args.timeline else {})})
         return 0
     u = result.utilisation
     print(f"{args.file}: {program.collective} of {format_size(args.size)} on {topo.label} ({topo.nranks} ranks), "
@@ -335,6 +349,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"  physical limit T_LB {result.lower_bound_us:,.2f} us   utilisation T_LB/T {u:.3f}")
     rows = [(d.name, format_size(d.bytes_per_rank), f"{d.busy_fraction:.3f}") for d in result.dims]
     print(tabulate(rows, headers=("dimension", "bytes sent per rank", "busy fraction")))
+    if args.timeline:
+        print(f"wrote the timeline to {args.timeline}")
     return 0
 
 
@@ -342,7 +358,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _default_grid() -> Path:
-    return Path(__file__).resolve().parent.parent / "benchmarks" / "grid.yaml"
+    """benchmarks/grid.yaml of the checkout: under the working directory, else beside the package."""
+    here = Path.cwd() / "benchmarks" / "grid.yaml"
+    return here if here.is_file() else Path(__file__).resolve().parent.parent / "benchmarks" / "grid.yaml"
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -360,7 +378,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         path = _default_grid()
         if not path.is_file():
-            raise InputError(str(path), None, "no default grid here; pass --grid FILE or --topo")
+            raise InputError(str(path), None, "no default grid here (run from the checkout); pass --grid FILE or --topo")
         grid = load_grid(path)
     if args.topo and args.grid:
         grid = dc_replace(grid, topologies={load_topology(t).label: load_topology(t) for t in args.topo})

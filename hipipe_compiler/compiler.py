@@ -272,7 +272,9 @@ MANIFEST_DIR = ".hipipe"
 def program_file_name(cw: CompiledWindow, index: int) -> str:
     """File name of one window's program; names sort in window order."""
     p = cw.program
-    return f"{p.collective}-{p.ngpus}r-{index:02d}-{format_size(cw.window.min_bytes)}-{format_size(cw.window.max_bytes + 1)}.xml"
+    end = cw.window.max_bytes + 1
+    end = end if end & (end - 1) == 0 else cw.window.max_bytes  # 64MiB-1GiB, whether 1GiB is in or just out
+    return f"{p.collective}-{p.ngpus}r-{index:02d}-{format_size(cw.window.min_bytes)}-{format_size(end)}.xml"
 
 
 def check_output_path(path: str | Path, directory: bool) -> Path:

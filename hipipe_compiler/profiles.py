@@ -313,7 +313,7 @@ def derive_times(profile: LayerProfile, device: DeviceModel = A100_AMP, keep_mea
         if bwd_synthetic:
             bwd = device.bwd_to_fwd * own
             bwd[-1] += device.bwd_to_fwd * head
-            why = f"the profile's backward times are {profile.bwd_source!r}" if _synthetic(profile.bwd_source) else "keep_measured=False"
+            why = f"the profile's backward times are {profile.bwd_source!r}" if _synthetic(profile.bwd_source) else "every time was asked to be derived (--derive-all)"
             bwd_source = f"derived from MACs at {rate}, t_bwd = {device.bwd_to_fwd:g} * t_fwd"
             notes.append(f"bwd_ms derived from MACs at {rate} as {device.bwd_to_fwd:g} * t_fwd, because {why}")
         if head and (fwd_synthetic or bwd_synthetic):

@@ -1,0 +1,144 @@
+"""Every command and example in README.md and docs/ runs as written and prints what the
+page shows.
+
+Pages hold two kinds of runnable examples:
+- ```console blocks: `$ command` lines, each followed by its output. Commands run in order
+  in one scratch directory per page (with samples/ and benchmarks/ of the checkout linked
+  in); each must exit 0, unless the line ends in `# exit N`. Output is compared like a
+  doctest with ELLIPSIS: `...` stands for any text.
+- >>> examples (Python API), run with doctest in that same scratch directory.
+
+Refresh the shown outputs after a deliberate change with `python tests/test_docs.py --update`.
+"""
+
+from __future__ import annotations
+
+import doctest
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+BLOCK = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
+EXIT = re.compile(r"\s+# exit (\d+)$")
+#: Commands that read the built-in layer profiles need ../shared beside the checkout.
+SHARED_DATA = REPO.parent / "shared" / "data" / "layer-profiles.json"
+BUILTIN_PROFILE = re.compile(r"--profile (vgg16|resnet50|densenet201|bert_base|gpt2)\b")
+
+
+def commands(text: str) -> list[tuple[str, int, str]]:
+    """(command, expected exit code, expected output) of every console block, in order."""
+    out = []
+    for block in BLOCK.findall(text):
+        current: list | None = None
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                cmd = line[2:]
+                m = EXIT.search(cmd)
+                code = int(m.group(1)) if m else 0
+                current = [EXIT.sub("", cmd), code, []]
+                out.append(current)
+            elif current is not None:
+                current[2].append(line)
+    return [(c, code, "\n".join(lines)) for c, code, lines in out]
+
+
+def scratch(tmp: Path) -> Path:
+    """A working directory where the pages' relative paths resolve as in the checkout."""
+    for name in ("samples", "benchmarks"):
+        link = tmp / name
+        if not link.exists():
+            link.symlink_to(REPO / name)
+    return tmp
+
+
+def run(cmd: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "COLUMNS": "120"}
+    return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def shown(done: subprocess.CompletedProcess) -> str:
+    return "\n".join(line.rstrip() for line in (done.stdout + done.stderr).rstrip("\n").splitlines())
+
+
+def matches(expected: str, got: str) -> bool:
+    checker = doctest.OutputChecker()
+    return checker.check_output(expected.rstrip() + "\n", got.rstrip() + "\n", doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(REPO))
+
+
+CONSOLE_PAGES = [p for p in PAGES if commands(p.read_text())]
+PYTHON_PAGES = [p for p in PAGES if ">>> " in p.read_text()]
+
+
+@pytest.mark.parametrize("page", CONSOLE_PAGES, ids=page_id)
+def test_console_examples_run_as_written(page, tmp_path):
+    cwd = scratch(tmp_path)
+    skipped = []
+    for cmd, code, expected in commands(page.read_text()):
+        if BUILTIN_PROFILE.search(cmd) and not SHARED_DATA.is_file():
+            skipped.append(cmd)
+            continue
+        done = run(cmd, cwd)
+        assert done.returncode == code, f"{page_id(page)}: `{cmd}` exited {done.returncode}, expected {code}\n{done.stderr}"
+        assert matches(expected, shown(done)), f"{page_id(page)}: `{cmd}` printed\n{shown(done)}\n---expected---\n{expected}"
+    if skipped:
+        pytest.skip(f"{page_id(page)}: the other commands ran as shown; skipped {len(skipped)} that read built-in "
+                    f"profiles from {SHARED_DATA}, absent in this clone")
+
+
+@pytest.mark.parametrize("page", PYTHON_PAGES, ids=page_id)
+def test_python_examples_run_as_written(page, tmp_path, monkeypatch):
+    text = page.read_text()
+    monkeypatch.chdir(scratch(tmp_path))
+    parser = doctest.DocTestParser()
+    test = parser.get_doctest(text, {"__name__": "docs"}, page_id(page), str(page), 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    runner.run(test)
+    assert runner.failures == 0, f"{runner.failures} Python example(s) of {page_id(page)} failed (see the output above)"
+
+
+def test_every_page_has_runnable_examples():
+    docs = [p for p in PAGES if p.parent.name == "docs"]
+    assert {p.name for p in docs} >= {"user-guide.md", "deployment.md", "python-api.md"}
+    for page in docs:
+        text = page.read_text()
+        assert commands(text) or ">>> " in text, f"{page_id(page)} has nothing the tests can run"
+
+
+def update(pages: list[Path]) -> None:
+    """Rewrite each console block's outputs with what the commands print now."""
+    import tempfile
+    for page in pages:
+        text = page.read_text()
+        with tempfile.TemporaryDirectory() as tmp:
+            cwd = scratch(Path(tmp))
+
+            def fill(match: re.Match) -> str:
+                lines = []
+                for cmd, code, _ in commands(match.group(0) + "\n"):
+                    done = run(cmd, cwd)
+                    if done.returncode != code:
+                        raise SystemExit(f"{page_id(page)}: `{cmd}` exited {done.returncode}:\n{done.stderr}")
+                    suffix = f"  # exit {code}" if code else ""
+                    lines += [f"$ {cmd}{suffix}", *([shown(done)] if shown(done) else [])]
+                return "```console\n" + "\n".join(lines) + "\n```"
+
+            text = BLOCK.sub(lambda m: fill(m), text)
+        page.write_text(text)
+        print(f"updated {page_id(page)}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--update"]:
+        raise SystemExit("usage: python tests/test_docs.py --update [PAGE ...]")
+    update([Path(p).resolve() for p in sys.argv[2:]] or PAGES)

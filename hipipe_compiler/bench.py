@@ -23,7 +23,7 @@ from .errors import InputError, PlanError
 from .lowering import lower
 from .plan import Plan, hierarchical_plan, ring_plan, themis_plan
 from .program import Program
-from .simulate import SimulationError, simulate
+from .simulate import SimulationError, simulate_exact
 from .topology import Topology, load_topology, topology_from_document
 from .units import format_size, parse_size
 
@@ -170,11 +170,7 @@ def _run_one(name: str, topo: Topology, size: int, algo: str, grid: Grid, builde
             if key not in cache:
                 cache[key] = lower(plan)
             program = cache[key]
-        if algo in FLAT:
-            result = simulate(program, topo, size)
-        else:
-            # every rank runs rank 0's schedule shifted by its coordinates: rank 0 alone is exact
-            result = simulate(replace(program, gpus=program.gpus[:1]), topo, size, quotient=True)
+        result = simulate_exact(program, topo, size)
     except (PlanError, SimulationError) as exc:
         return BenchRow(name, topo.nranks, size, algo, None, None, None, error=str(exc))
     return BenchRow(name, topo.nranks, size, algo, result.time_us, result.lower_bound_us, result.busbw_GBps,

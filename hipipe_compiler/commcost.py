@@ -175,16 +175,11 @@ class SimulatedCost:
 
     def time_us(self, collective: str, nbytes: int) -> float:
         """Simulated time of one call of nbytes (after padding) on the whole job."""
-        from .simulate import simulate
+        from .simulate import simulate_exact
         size = self.call_bytes(collective, nbytes)
         key = (collective, size)
         if key not in self._times:
-            cw = self.compiled(collective, size)
-            if cw.plan.flat:
-                result = simulate(cw.program, self.topology, size)
-            else:  # every rank runs rank 0's schedule shifted: rank 0 alone is exact
-                result = simulate(replace(cw.program, gpus=cw.program.gpus[:1]), self.topology, size, quotient=True)
-            self._times[key] = result.time_us
+            self._times[key] = simulate_exact(self.compiled(collective, size).program, self.topology, size).time_us
         return self._times[key]
 
     def latency_us(self, collective: str) -> float:

@@ -243,14 +243,9 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
 
 def predict(cw: CompiledWindow, topology: Topology) -> dict[str, Any]:
     """Simulated time, busbw and utilisation at the window's largest size."""
-    from .simulate import simulate
+    from .simulate import simulate_exact
     size = cw.window.max_bytes
-    if cw.plan.flat:
-        result = simulate(cw.program, topology, size)
-    else:
-        # every rank runs rank 0's schedule shifted: simulating rank 0 alone is exact and fast
-        rank0 = replace(cw.program, gpus=cw.program.gpus[:1])
-        result = simulate(rank0, topology, size, quotient=True)
+    result = simulate_exact(cw.program, topology, size)
     return {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
             "utilisation": result.utilisation}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import islice
 from typing import Sequence
 
 from .lp import StageCost, chunk_sizes, order_mix
@@ -43,6 +44,8 @@ class Knobs:
     fan: bool = False  # reduce-scatters take their lane in turn; each chunk's later stages get a lane of their own
     split: bool = False  # separate send and receive threadblocks on every axis: the program then does not
     # depend on the window's largest size, so neighbouring windows can share it
+    tilt: int = 0  # units moved from the major order to the next (negative: back): the LP balances an
+    # idealised network, the simulator judges the real one
 
     @property
     def label(self) -> str:
@@ -67,6 +70,8 @@ class Knobs:
             parts.append("fan")
         if self.split:
             parts.append("split")
+        if self.tilt:
+            parts.append(f"t{self.tilt:+d}")
         if self.protocol != "Simple":
             parts.append(self.protocol)
         return "-".join(parts)
@@ -147,6 +152,32 @@ def _round_units(shares: Sequence[float], total: int) -> list[int]:
     return units
 
 
+def _round_by_order(pieces: Sequence[tuple[tuple[int, ...], float]], total: int, tilt: int = 0) -> list[int]:
+    """Integer units per piece (each >= 1, summing to total) that keep every order's share of
+    the data as close as the units allow: the order mix balances the dimensions only if its
+    fractions survive rounding, so orders are rounded first and their pieces within them.
+    `tilt` then moves that many units from the first order to the second."""
+    orders = list(dict.fromkeys(order for order, _share in pieces))
+    members = {o: [i for i, (order, _s) in enumerate(pieces) if order == o] for o in orders}
+    shares = [sum(pieces[i][1] for i in members[o]) for o in orders]
+    total = max(total, len(pieces))
+    per_order = _round_units(shares, total)
+    if tilt and len(orders) > 1:
+        per_order[0] -= tilt
+        per_order[1] += tilt
+    # every piece needs a unit: an order with more pieces than units borrows from the largest
+    for j, o in enumerate(orders):
+        while per_order[j] < len(members[o]):
+            donor = max(range(len(orders)), key=lambda i: per_order[i] - len(members[orders[i]]))
+            per_order[donor] -= 1
+            per_order[j] += 1
+    units = [0] * len(pieces)
+    for j, o in enumerate(orders):
+        for i, u in zip(members[o], _round_units([pieces[i][1] for i in members[o]], per_order[j])):
+            units[i] = u
+    return units
+
+
 def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: int, knobs: Knobs,
                nominal_bytes: int | None = None) -> Plan:
     """The plan a set of knobs describes, for calls of min_bytes..max_bytes."""
@@ -173,7 +204,7 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
     else:
         lane_of = [i // len(dirs) % knobs.lanes for i in range(len(pieces))]
         nlanes = knobs.lanes
-    units = _round_units([p[1] for p in pieces], total_units)
+    units = _round_by_order([(order, share) for order, share, _d in pieces], total_units, knobs.tilt)
     chunks = tuple(ChunkPlan(u, order, d, lane_of[i], _stage_lanes(collective, order, lane_of[i], knobs, nlanes,
                                                                    i // len(dirs)))
                    for i, (u, (order, _share, d)) in enumerate(zip(units, pieces)))
@@ -234,6 +265,11 @@ REUSE_TOLERANCE = 0.003
 #: From this call size on, candidates use separate send and receive threadblocks everywhere
 #: (the same speed, and a program that neighbouring windows can share).
 LARGE_WINDOW = 64 << 20
+#: Simulations per window for the coordinate descent; bandwidth-bound windows (from
+#: BANDWIDTH_WINDOW on) get more, since balancing every dimension is where the search pays.
+BUDGET = 60
+BANDWIDTH_BUDGET = 160
+BANDWIDTH_WINDOW = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -256,33 +292,61 @@ class Search:
         self.limits = limits or Limits()
         self.dtype_bytes = dtype_bytes
         self.programs: dict = {}
+        self.symmetric: dict = {}
         self.times: dict = {}
         self.evaluations = 0
 
-    def judge(self, plan: Plan, sizes: Sequence[int], knobs: Knobs | None = None) -> Evaluation | None:
-        """Simulate rank 0 of `plan` at each size; None when the plan does not fit the runtime."""
-        from .bounds import lower_bound_us
+    def _lowered(self, plan: Plan, baseline: bool) -> "tuple[Program, bool] | None":  # noqa: F821
+        """The program to simulate and whether rank 0 alone stands for every rank, or None
+        when the plan does not fit the runtime. A flat ring is never the same on every rank;
+        a baseline whose ranks differ (see `exact`) is simulated in full, since HiPIPE must
+        beat its real time."""
+        from .errors import PlanError
+        from .lowering import lower
+        try:
+            if plan.flat or (baseline and not self.exact(plan)):
+                return lower(plan, self.limits), False
+            return lower(plan, self.limits, ranks=[0]), True
+        except PlanError:
+            return None
+
+    def exact(self, plan: Plan) -> bool:
+        """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
+        shifted. Checked only for candidates that could win, since it lowers four ranks."""
         from .compiler import lowering_key
         from .errors import PlanError
         from .lowering import lower
+        from .simulate import probe_ranks, symmetric
+        if plan.flat:
+            return True  # simulated in full
+        key = lowering_key(plan)
+        if key not in self.symmetric:
+            try:
+                self.symmetric[key] = symmetric(lower(plan, self.limits, ranks=[0, *probe_ranks(self.topology)]), self.topology)
+            except PlanError:
+                self.symmetric[key] = False
+        return self.symmetric[key]
+
+    def judge(self, plan: Plan, sizes: Sequence[int], knobs: Knobs | None = None) -> Evaluation | None:
+        """Simulate `plan` at each size (rank 0 alone when that is exact); None when the plan
+        does not fit the runtime or is not the same on every rank."""
+        from .bounds import lower_bound_us
+        from .compiler import lowering_key
         from .simulate import SimulationError, simulate
         key = lowering_key(plan)
         if key not in self.programs:
-            try:
-                # a flat ring is not the same on every rank: it is lowered and simulated in full
-                self.programs[key] = lower(plan, self.limits, ranks=None if plan.flat else [0])
-            except PlanError:
-                self.programs[key] = None
-        program = self.programs[key]
-        if program is None:
+            self.programs[key] = self._lowered(plan, baseline=knobs is None)
+        entry = self.programs[key]
+        if entry is None:
             return None
+        program, quotient = entry
         times = []
         for size in sizes:
             tkey = (key, size)
             if tkey not in self.times:
                 self.evaluations += 1
                 try:
-                    self.times[tkey] = simulate(program, self.topology, size, quotient=not plan.flat).time_us
+                    self.times[tkey] = simulate(program, self.topology, size, quotient=quotient).time_us
                 except SimulationError:
                     self.times[tkey] = math.inf
             times.append(self.times[tkey])
@@ -305,6 +369,7 @@ def _knob_neighbours(k: Knobs, allreduce: bool) -> list[Knobs]:
     out.append(replace(k, split=not k.split))
     if k.mix:
         out += [replace(k, arrange=v) for v in ("spread", "lanes") if v != k.arrange]
+        out += [replace(k, tilt=k.tilt + d) for d in (1, -1, 3, -3)]
     if allreduce:
         out.append(replace(k, oneshot=not k.oneshot))
     return out
@@ -351,7 +416,7 @@ ABLATIONS: dict[str, tuple[dict[str, object], bool]] = {
 
 
 def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Sequence[Knobs] = (),
-                    budget: int = 60, forced: dict[str, object] | None = None, baselines: bool = True) -> Choice:
+                    budget: int | None = None, forced: dict[str, object] | None = None, baselines: bool = True) -> Choice:
     """The best plan for calls of min_bytes..max_bytes, judged by the simulator.
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
@@ -362,6 +427,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
     middle = (nominal,)
+    if budget is None:
+        budget = BANDWIDTH_BUDGET if nominal >= BANDWIDTH_WINDOW else BUDGET
 
     def selectable(plan: Plan) -> bool:
         """The runtime only runs a program when nchunksperloop divides the element count."""
@@ -415,7 +482,10 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
     for knobs in (*seeds, *coarse):
         attempt(knobs)
-    seeds_ranked = sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:3]
+    def exact(ev: Evaluation) -> bool:
+        return ev.knobs is None or search.exact(ev.plan)
+
+    seeds_ranked = list(islice((e for e in sorted(evals, key=lambda e: e.score) if e.knobs is not None and exact(e)), 3))
     for i, seed in enumerate(seeds_ranked):
         best = seed
         improved = True
@@ -424,17 +494,17 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             improved = False
             for knobs in _knob_neighbours(best.knobs, allreduce):
                 ev = attempt(knobs)
-                if ev is not None and ev.score < best.score * (1 - 1e-6):
+                if ev is not None and ev.score < best.score * (1 - 1e-6) and exact(ev):
                     best, improved = ev, True
                     break
     sizes = judged_sizes(min_bytes, max_bytes)
-    finalists = [search.judge(e.plan, sizes, e.knobs) for e in sorted(evals, key=lambda e: e.score)[:5]]
+    finalists = [search.judge(e.plan, sizes, e.knobs) for e in islice((e for e in sorted(evals, key=lambda e: e.score) if exact(e)), 5)]
     ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
     best = ranked[0]
     if seeds and not forced:
         # keep the neighbour's plan when it is nearly as good: the windows may then share a program
         plan = build_plan(topo, coll, min_bytes, max_bytes, seeds[-1], nominal)
-        previous = search.judge(plan, sizes, seeds[-1]) if not strict or selectable(plan) else None
+        previous = search.judge(plan, sizes, seeds[-1]) if (not strict or selectable(plan)) and search.exact(plan) else None
         if previous is not None and previous.score <= best.score * (1 + REUSE_TOLERANCE):
             ranked.insert(0, previous)
             best = previous

@@ -214,6 +214,26 @@ class _Generator:
                 out.append((start + off, min(size, length - off)))
         return out
 
+    def block_pieces(self, k: int, depth: int, prefix: tuple[int, ...], v: int, origin: tuple[int, ...],
+                     fused: bool, ring: bool) -> list[tuple[int, int]]:
+        """The pieces of block v, cut so that every rank runs the same schedule shifted.
+
+        An all-reduce block too big for one step is cut along the blocks of the chunk's next
+        axis, taken in order from the rank's own position there (then recursively): each
+        piece then depends on the same relative peer's work on every rank. Cutting at fixed
+        offsets would make piece i depend on different peers on different ranks."""
+        ranges = self.cells.block(k, depth, prefix, v, origin)
+        size = (self.ring_pieces if ring else self.direct_pieces) if fused else self.limits.max_count
+        order = self.plan.chunks[k].order
+        if (self.plan.collective != "allreduce" or self.plan.flat or depth + 1 >= len(order)
+                or sum(length for _start, length in ranges) <= size):
+            return self.pieces(ranges, fused, ring)
+        n_next = self.axes[order[depth + 1]].size
+        out: list[tuple[int, int]] = []
+        for t in range(n_next):
+            out += self.block_pieces(k, depth + 1, prefix + (v,), (origin[0] + t) % n_next, origin[1:], fused, ring)
+        return out
+
     def generate(self, rank: int) -> list[_Op]:
         ops: list[_Op] = []
         plan = self.plan
@@ -241,7 +261,7 @@ class _Generator:
         if plan.algorithms[st.axis] == "oneshot":
             # one-shot only replaces the last axis's reduce-scatter + all-gather
             alg = "oneshot" if st.kind == "ar" else ("ring" if ring_axis else "direct")
-        blocks = [self.pieces(self.cells.block(k, st.depth, prefix, v, origin), fused, alg == "ring") for v in range(n)]
+        blocks = [self.block_pieces(k, st.depth, prefix, v, origin, fused, alg == "ring") for v in range(n)]
         lane = chunk.lane_of(j)
         if alg == "oneshot" and ring_axis:
             self._ring_oneshot(ops, e, n, k, st, prefix, origin, fused, lane)

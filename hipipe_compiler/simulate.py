@@ -405,13 +405,60 @@ class _Simulator:
             self.complete_step(sender)
 
 
+def probe_ranks(topology: Topology) -> list[int]:
+    """A few ranks whose programs, set beside rank 0's, show whether a lowering gives every
+    rank the same schedule (coordinates all 1, all n-1, and d+1 in dimension d)."""
+    sizes = [d.size for d in topology.dimensions]
+    coords = [tuple(1 % n for n in sizes), tuple(n - 1 for n in sizes), tuple((d + 1) % n for d, n in enumerate(sizes))]
+    return sorted({topology.rank(c) for c in coords} - {0})
+
+
+def _shape(gpu, topology: Topology) -> tuple:
+    """What decides a rank's timing: its threadblocks' channels, peers relative to the rank,
+    and steps (type, count, dependencies), but not the buffer offsets."""
+    here = topology.coords(gpu.id)
+
+    def rel(q: int):
+        return None if q < 0 else tuple((c - o) % d.size for c, o, d in zip(topology.coords(q), here, topology.dimensions))
+    return tuple((tb.chan, rel(tb.send), rel(tb.recv), tuple((st.type, st.cnt, st.depid, st.deps) for st in tb.steps))
+                 for tb in gpu.threadblocks)
+
+
+def symmetric(program: Program, topology: Topology) -> bool:
+    """True when every rank in `program` runs rank 0's schedule shifted by its coordinates,
+    which makes a quotient simulation of rank 0 exact. A partial program (some ranks only)
+    is checked on the ranks it holds, e.g. rank 0 and `probe_ranks`.
+
+    >>> from hipipe_compiler.lowering import lower
+    >>> from hipipe_compiler.plan import hierarchical_plan, ring_plan
+    >>> from hipipe_compiler.topology import preset
+    >>> topo = preset("torus-4x4")
+    >>> symmetric(lower(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20)), topo)
+    True
+    >>> symmetric(lower(ring_plan(topo, max_bytes=1 << 20)), topo)  # one ring through all ranks
+    False
+    """
+    if not program.gpus or program.gpus[0].id != 0 or len(program.gpus) < 2:
+        return False
+    first = _shape(program.gpus[0], topology)
+    return all(_shape(g, topology) == first for g in program.gpus[1:])
+
+
+def simulate_exact(program: Program, topology: Topology, nbytes: int) -> SimResult:
+    """The time of a whole program: rank 0 alone when every rank runs its schedule shifted
+    (fast and exact), every rank otherwise."""
+    if symmetric(program, topology):
+        return simulate(replace(program, gpus=program.gpus[:1]), topology, nbytes, quotient=True)
+    return simulate(program, topology, nbytes)
+
+
 def simulate(program: Program, topology: Topology, nbytes: int, record: bool = False, quotient: bool = False) -> SimResult:
     """Time one call of nbytes (the nccl-tests size: all-reduce buffer, reduce-scatter input,
     all-gather output) of `program` on `topology`.
 
     `quotient` runs rank 0 alone (a program from lower(plan, ranks=[0])): exact when every
-    rank runs rank 0's schedule shifted by its coordinates, as the hierarchical plans do, and
-    a fast estimate otherwise. Raises SimulationError for an illegal link or a deadlock.
+    rank runs rank 0's schedule shifted by its coordinates (`symmetric`; `simulate_exact`
+    checks it), an estimate otherwise. Raises SimulationError for an illegal link or a deadlock.
     """
     sim = _Simulator(program, topology, nbytes, record, quotient)
     time = sim.run()

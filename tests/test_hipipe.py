@@ -11,7 +11,7 @@ from hipipe_compiler.compiler import CompileOptions, compile_range
 from hipipe_compiler.hipipe import Knobs, Search, build_plan, optimize_window
 from hipipe_compiler.lowering import lower
 from hipipe_compiler.lp import order_mix
-from hipipe_compiler.simulate import simulate
+from hipipe_compiler.simulate import simulate, simulate_exact
 from hipipe_compiler.topology import preset
 from hipipe_compiler.verify import verify
 
@@ -65,6 +65,8 @@ TARGETS = [
     ("ring-fc-switch-2x8x4", 1 << 30, 0.97), ("ring-fc-switch-2x8x4", 256 * MiB, 0.95),
     ("ring-fc-switch-2x8x4", 64 * MiB, 0.95), ("ring-fc-switch-2x8x4", MiB, 0.35),
     ("torus-4x4x4", 1 << 30, 0.97), ("torus-4x4x4", 256 * MiB, 0.95),
+    # known gaps against the targets (0.95 and 0.35): guard what we reach
+    ("torus-4x4x4", 64 * MiB, 0.91), ("torus-4x4x4", MiB, 0.25),
 ]
 
 
@@ -72,9 +74,7 @@ TARGETS = [
 def test_utilisation_targets(name, size, target):
     topo = preset(name)
     choice = optimize_window(Search(topo, "allreduce"), size, size)
-    program = lower(choice.plan)
-    rank0 = program.__class__(**{**program.__dict__, "gpus": program.gpus[:1]})
-    time = simulate(rank0, topo, size, quotient=True).time_us
+    time = simulate_exact(lower(choice.plan), topo, size).time_us  # every rank, unless all run the same schedule
     assert lower_bound_us(topo, "allreduce", size) / time >= target
 
 

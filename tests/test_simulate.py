@@ -2,17 +2,21 @@
 over random topologies, and the real 8-GPU files."""
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import COLLECTIVES, real_xml_files, topologies
+from hipipe_compiler.errors import PlanError
+from hipipe_compiler.hipipe import Knobs
+from hipipe_compiler.hipipe import build_plan as hipipe_build
 from hipipe_compiler.lowering import lower
 from hipipe_compiler.msccl_xml import read_program
 from hipipe_compiler.plan import hierarchical_plan, ring_plan, themis_plan
 from hipipe_compiler.program import Gpu, Program, Step, Threadblock
-from hipipe_compiler.simulate import SimulationError, simulate
+from hipipe_compiler.simulate import SimulationError, probe_ranks, simulate, simulate_exact, symmetric
 from hipipe_compiler.topology import Dimension, Topology, preset
 
 MB = 1_000_000
@@ -219,3 +223,41 @@ def test_one_shot_all_reduce_costs_one_latency():
     two = simulate(lower(hierarchical_plan(topo, algorithms=("direct",), max_bytes=nbytes)), topo, nbytes)
     assert one.time_us == pytest.approx(5 + 3 * nbytes / 100e3)
     assert two.time_us == pytest.approx(2 * (5 + 3 / 4 * nbytes / 100e3))
+
+
+knob_sets = st.builds(
+    Knobs, chunks=st.integers(1, 6), mix=st.booleans(), ag_lane=st.booleans(), granularity=st.sampled_from([1, 2, 4, 8]),
+    lanes=st.integers(1, 3), ramp=st.integers(0, 2), split=st.booleans(), fan=st.booleans(), oneshot=st.booleans(),
+)
+
+
+@given(topologies(max_ranks=32), knob_sets, st.sampled_from([1 << 20, 64 << 20]))
+def test_hipipe_all_reduces_are_the_same_on_every_rank(topo, knobs, nbytes):
+    """Blocks too big for one step are cut relative to each rank's position, so every rank
+    runs rank 0's schedule shifted: simulating rank 0 alone is then exact."""
+    try:
+        program = lower(hipipe_build(topo, "allreduce", nbytes, nbytes, knobs, nbytes))
+    except PlanError:
+        return  # does not fit the runtime: the optimizer skips it
+    assert symmetric(program, topo)
+    assert simulate_exact(program, topo, nbytes).time_us == pytest.approx(simulate(program, topo, nbytes).time_us, rel=1e-9)
+
+
+def test_symmetric_sees_a_rank_that_runs_a_different_schedule():
+    topo = preset("torus-4x4")
+    program = lower(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20))
+    assert symmetric(program, topo)
+    gpu = program.gpus[5]
+    tb = gpu.threadblocks[0]
+    steps = (tb.steps[1], tb.steps[0], *tb.steps[2:])  # two steps swapped on rank 5 only
+    changed = replace(gpu, threadblocks=(replace(tb, steps=steps), *gpu.threadblocks[1:]))
+    broken = replace(program, gpus=(*program.gpus[:5], changed, *program.gpus[6:]))
+    assert not symmetric(broken, topo)
+    assert not symmetric(lower(ring_plan(topo, max_bytes=1 << 20)), topo)  # one ring through every rank
+    assert not symmetric(lower(hierarchical_plan(topo, max_bytes=1 << 20), ranks=[0]), topo)  # nothing to compare
+
+
+def test_probe_ranks_differ_from_rank_zero_in_every_dimension():
+    topo = preset("torus-4x4x4")
+    for r in probe_ranks(topo):
+        assert all(c != 0 for c in topo.coords(r))

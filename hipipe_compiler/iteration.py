@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -59,6 +59,17 @@ class IterationRun:
     latency_end: tuple[float, ...]
     done: tuple[float, ...]
     forward_start: tuple[float, ...]
+
+
+def _ready_at(start: float, after: Sequence[int], done: Sequence[float | None]) -> float | None:
+    """The latest of `start` and the end times of the ops in `after`; None while one is running."""
+    for d in after:
+        end = done[d]
+        if end is None:
+            return None
+        if end > start:
+            start = end
+    return start
 
 
 def run_iteration(plan: TrainingPlan, profile: LayerProfile, cost: CostCache) -> IterationRun:
@@ -117,19 +128,13 @@ def run_iteration(plan: TrainingPlan, profile: LayerProfile, cost: CostCache) ->
                 issue[next_issue] = last_issue = ti
                 next_issue += 1
             while next_fwd < L:
-                s = clock
-                for w in waits[next_fwd]:
-                    d = done[w]
-                    if d is None:
-                        break
-                    s = d if d > s else s
-                else:
-                    fwd_start[next_fwd] = s
-                    clock = s + fwd[next_fwd]
-                    next_fwd += 1
-                    progressed = True
-                    continue
-                break
+                s = _ready_at(clock, waits[next_fwd], done)
+                if s is None:
+                    break
+                fwd_start[next_fwd] = s
+                clock = s + fwd[next_fwd]
+                next_fwd += 1
+                progressed = True
             future = math.inf
             for ln in range(nlanes):
                 if lane_busy[ln] or lane_ptr[ln] >= len(lane_ops[ln]):
@@ -138,21 +143,17 @@ def run_iteration(plan: TrainingPlan, profile: LayerProfile, cost: CostCache) ->
                 s = issue[i]
                 if s is None:
                     continue
-                s = max(s, lane_free[ln])
-                for d in deps[i]:
-                    dd = done[d]
-                    if dd is None:
-                        break
-                    s = dd if dd > s else s
-                else:
-                    if s > t:
-                        future = min(future, s)
-                        continue
-                    start[i] = t
-                    lat_end[i] = t + lat[i]
-                    latent[i] = t + lat[i]
-                    lane_busy[ln] = True
-                    progressed = True
+                s = _ready_at(max(s, lane_free[ln]), deps[i], done)
+                if s is None:
+                    continue
+                if s > t:
+                    future = min(future, s)
+                    continue
+                start[i] = t
+                lat_end[i] = t + lat[i]
+                latent[i] = t + lat[i]
+                lane_busy[ln] = True
+                progressed = True
             for i in [i for i, le in latent.items() if le <= t]:
                 del latent[i]
                 if work[i] > 0.0:

@@ -215,10 +215,15 @@ def _check_totals(profile: LayerProfile, totals: Mapping[str, Any], source: str 
 
 
 def shared_data_path() -> Path:
-    """../shared/data/layer-profiles.json next to the repository, or under $HIPIPE_SHARED_DIR."""
+    """data/layer-profiles.json under $HIPIPE_SHARED_DIR if set, else under ../shared beside the
+    checkout: the working directory's (a checkout with `pip install .`) or the package's own
+    (an editable install)."""
     override = os.environ.get(SHARED_DIR_ENV)
-    shared = Path(override) if override else Path(__file__).resolve().parents[1].parent / "shared"
-    return shared / "data" / "layer-profiles.json"
+    if override:
+        return Path(override) / "data" / "layer-profiles.json"
+    candidates = [Path.cwd().parent / "shared", Path(__file__).resolve().parents[1].parent / "shared"]
+    paths = [c / "data" / "layer-profiles.json" for c in candidates]
+    return next((p for p in paths if p.is_file()), paths[-1])
 
 
 def builtin_profile(name: str, device: DeviceModel = A100_AMP, keep_measured: bool = True) -> LayerProfile:

@@ -19,6 +19,8 @@ from hipipe_compiler.topology import Dimension, Topology
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("HIPIPE_SHARED_DIR", REPO.parent / "shared"))
 SAMPLES = REPO / "samples" / "topologies"
+# the package (also when installed, not editable) and every `hipipe` the tests run find ../shared here
+os.environ.setdefault("HIPIPE_SHARED_DIR", str(SHARED))
 
 settings.register_profile(
     "default", deadline=None, max_examples=25, derandomize=True,

@@ -22,12 +22,14 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SHARED
+
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 BLOCK = re.compile(r"^```console\n(.*?)^```", re.S | re.M)
 EXIT = re.compile(r"\s+# exit (\d+)$")
 #: Commands that read the built-in layer profiles need ../shared beside the checkout.
-SHARED_DATA = REPO.parent / "shared" / "data" / "layer-profiles.json"
+SHARED_DATA = SHARED / "data" / "layer-profiles.json"
 BUILTIN_PROFILE = re.compile(r"--profile (vgg16|resnet50|densenet201|bert_base|gpt2)\b")
 
 

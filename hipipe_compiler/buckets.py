@@ -31,7 +31,7 @@ class Bucket:
     layers: tuple[int, ...]  # forward indices, ascending
     params: int
     bytes: int
-    padded_bytes: int  # elements padded to a multiple of the plan's pad multiple
+    padded_bytes: int  # elements padded to a multiple of the pad multiple, then to a size its programs take
 
     @property
     def first_layer(self) -> int:

@@ -58,7 +58,7 @@ def _positive(name: str):
         except ValueError:
             value = float("nan")
         if not (value > 0 and value != float("inf")):
-            raise argparse.ArgumentTypeError(f"{name}: expected a number > 0, got {text!r}")
+            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
         return value
     return parse
 
@@ -329,7 +329,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.timeline:
         from .timeline import check_picture_path
         check_picture_path(args.timeline)
-        check_output_path(args.timeline, directory=False)
+        check_output_path(args.timeline, directory=False, option="--timeline")
         bad = [r for r in args.rank if r >= topo.nranks]
         if bad:
             raise InputError(None, "--rank", f"expected ranks below {topo.nranks}, got {bad[0]}")
@@ -410,10 +410,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .commcost import SimulatedCost
     from .profiles import load_profile
     from .training import describe_cost, plan_training, write_plan
-    out = check_output_path(args.output, directory=True) if args.output else None
+    out = check_output_path(args.output, directory=True) if args.output is not None else None
     topo = load_topology(args.topo)
     device = replace(A100_AMP, batch_size=args.batch_size or A100_AMP.batch_size, tflops=args.tflops or A100_AMP.tflops)
     profile = load_profile(args.profile, device, keep_measured=not args.derive_all)
+    if (args.batch_size or args.tflops) and not args.derive_all and not args.json:
+        print("note: --batch-size and --tflops only change the times derived from MACs; measured times are kept "
+              "unless --derive-all is given", file=sys.stderr)
     bar = None
     if not args.json and sys.stderr.isatty():
         from tqdm import tqdm

@@ -272,19 +272,21 @@ def program_file_name(cw: CompiledWindow, index: int) -> str:
     return f"{p.collective}-{p.ngpus}r-{index:02d}-{format_size(cw.window.min_bytes)}-{format_size(end)}.xml"
 
 
-def check_output_path(path: str | Path, directory: bool) -> Path:
+def check_output_path(path: str | Path, directory: bool, option: str = "-o") -> Path:
     """Fail early, before any work, when the output cannot be written."""
+    if not str(path).strip():
+        raise InputError(None, option, "expected a file or directory name, got an empty one")
     path = Path(path)
     parent = path if directory and path.exists() else path.parent
     if directory:
         if path.exists() and not path.is_dir():
-            raise InputError(str(path), None, "expected a directory for a size range (--sizes), but a file is there")
+            raise InputError(str(path), None, f"{option} expects a directory here, but a file is there")
         if not path.exists() and not (parent.parent if parent == path else parent).exists():
             raise InputError(str(path), None, "the parent directory does not exist")
         target = path if path.exists() else path.parent
     else:
         if path.is_dir():
-            raise InputError(str(path), None, "expected a file name for one size (--size), but it is a directory")
+            raise InputError(str(path), None, f"{option} expects a file name here, but it is a directory")
         target = path.parent if str(path.parent) else Path(".")
         if not target.exists():
             raise InputError(str(path), None, "the parent directory does not exist")
@@ -295,7 +297,7 @@ def check_output_path(path: str | Path, directory: bool) -> Path:
     return path
 
 
-def _writing(path: Path):
+def writing(path: Path):
     """Turn an OS refusal to write into bad input (exit 2) naming the path."""
     class _Guard:
         def __enter__(self):
@@ -311,29 +313,39 @@ def _writing(path: Path):
 def write_file(cw: CompiledWindow, path: str | Path, dialect: Dialect = "executor") -> None:
     """Write one window's program to a file, atomically."""
     text = write_program(cw.program, dialect)
-    with _writing(Path(path)):
+    with writing(Path(path)):
         write_atomic(path, text)
 
 
 def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifest: dict[str, Any],
-                    dialect: Dialect = "executor", names: Sequence[str] | None = None) -> list[Path]:
+                    dialect: Dialect = "executor", names: Sequence[str] | None = None,
+                    replaces: Callable[[str], bool] | None = None) -> list[Path]:
     """Write one XML per window into a directory ready for MSCCL_ALGO_DIR.
 
     The runtime parses every regular file of that directory as an algorithm, so the JSON
-    manifest goes into the subdirectory .hipipe/, which it skips. All XML text is produced
-    before the first file is written. `names` overrides the file names (program_file_name).
+    manifest goes into the subdirectory .hipipe/, which it skips, and XML files that
+    `replaces(name)` claims (by default: the same collective and rank count, whose windows
+    would overlap the new ones) are removed when the new set does not include them. All XML
+    text is produced before the first file is written. `names` overrides the file names.
     """
     path = Path(path)
     names = [program_file_name(cw, i) for i, cw in enumerate(windows)] if names is None else list(names)
     texts = [(name, write_program(cw.program, dialect)) for name, cw in zip(names, windows)]
+    if replaces is None:
+        prefixes = {f"{cw.program.collective}-{cw.program.ngpus}r-" for cw in windows}
+        replaces = lambda name: any(name.startswith(p) for p in prefixes)  # noqa: E731
     manifest = {**manifest, "files": [name for name, _ in texts]}
     written = []
-    with _writing(path):
+    with writing(path):
         path.mkdir(parents=False, exist_ok=True)
         (path / MANIFEST_DIR).mkdir(exist_ok=True)
         for name, text in texts:
             write_atomic(path / name, text)
             written.append(path / name)
+        keep = set(names)
+        for old in path.iterdir():
+            if old.suffix == ".xml" and old.is_file() and old.name not in keep and replaces(old.name):
+                old.unlink()
         write_atomic(path / MANIFEST_DIR / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return written
 

@@ -279,8 +279,9 @@ class _Simulator:
             if sender is not None:
                 self.schedule(self.now, "try", sender)
             reduces = st.type in ("rrs", "rrc", "rrcs")
-            if msg.record_index >= 0:
-                self.intervals[msg.record_index] = replace(self.intervals[msg.record_index], reduce=reduces)
+            if msg.record_index >= 0:  # a receive into scratch is data a later `re` reduces
+                reduced = reduces or (st.type == "r" and st.dstbuf == "s")
+                self.intervals[msg.record_index] = replace(self.intervals[msg.record_index], reduce=reduced)
             after = "send" if st.type in SENDING_TYPES else "finish"
             if reduces and self.g:
                 tb.phase = "reduce:" + after

@@ -127,6 +127,7 @@ def render_timeline(result: SimResult, program: Program, topology: Topology, pat
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
+    from .compiler import writing
     from .msccl_xml import write_atomic
 
     bars = timeline_bars(result, program, topology, ranks, per_rank)
@@ -153,7 +154,7 @@ def render_timeline(result: SimResult, program: Program, topology: Topology, pat
     chunks = sorted({b.chunk for b in bars})
     handles = [Patch(color="0.3", label="reduce-scatter (receiver reduces)"),
                Patch(facecolor="0.3", alpha=0.55, hatch="///", label="all-gather (receiver copies)")]
-    handles += [Patch(color=cmap(c % 20), label=f"chunk {c}") for c in chunks[:12]]
+    handles += [Patch(color=cmap(c % 20), label=f"cell {c}") for c in chunks[:12]]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     caption = f"T = {result.time_us:,.1f} µs"
     if result.lower_bound_us is not None:
@@ -163,5 +164,6 @@ def render_timeline(result: SimResult, program: Program, topology: Topology, pat
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=110)
     plt.close(fig)
-    write_atomic(path, buf.getvalue())
+    with writing(Path(path)):
+        write_atomic(path, buf.getvalue())
     return len(bars)

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from .buckets import TrainingPlan, build_plan
 from .commcost import COLLECTIVES, CommCostModel, SimulatedCost, cached
-from .compiler import CompiledWindow, VerificationFailed, check_output_path, window_of, write_directory
+from .compiler import CompiledWindow, VerificationFailed, check_output_path, window_of, write_directory, writing
 from .documents import validate_document
 from .errors import InputError
 from .iteration import Simulation, simulate
@@ -122,6 +122,28 @@ class TrainingReport:
                            "link_busy_ms": r.simulation.link_busy_ms} for r in self.results}
 
 
+def bucket_call_bytes(cost: CommCostModel, collectives: Sequence[str], nbytes: int) -> int:
+    """The least size >= nbytes that the programs of every collective of a bucket accept, so
+    that its reduce-scatter and all-gather cut the bucket into the same shards."""
+    size = nbytes
+    while True:
+        padded = size
+        for collective in collectives:
+            padded = cost.call_bytes(collective, padded)
+        if padded == size:
+            return size
+        size = padded
+
+
+def padded_to_programs(plan: TrainingPlan, cost: CommCostModel) -> TrainingPlan:
+    """`plan` with every bucket padded to a size all its ops' programs accept."""
+    colls: dict[int, list[str]] = {}
+    for op in plan.ops:
+        colls.setdefault(op.bucket, []).append(op.collective)
+    buckets = tuple(replace(b, padded_bytes=bucket_call_bytes(cost, colls[b.id], b.padded_bytes)) for b in plan.buckets)
+    return replace(plan, buckets=buckets)
+
+
 def plan_training(profile: LayerProfile, cost: CommCostModel, world_size: int, policies: Sequence[str] | None = None,
                   pad_multiple: int = 1, search_evals: int = 400) -> TrainingReport:
     """Plan and simulate each policy (default: all of `POLICIES`) for one training iteration.
@@ -146,8 +168,8 @@ def plan_training(profile: LayerProfile, cost: CommCostModel, world_size: int, p
     results = []
     for policy in POLICIES:
         if policy in wanted:
-            plan = build_plan(profile, schedules[policy], policy, pad)
-            calls = tuple(cache.call_bytes(op.collective, plan.buckets[op.bucket].padded_bytes) for op in plan.ops)
+            plan = padded_to_programs(build_plan(profile, schedules[policy], policy, pad), cache)
+            calls = tuple(plan.buckets[op.bucket].padded_bytes for op in plan.ops)
             results.append(PolicyResult(policy, plan, simulate(plan, profile, cache), programs_needed(plan, cache), calls))
     return TrainingReport(profile, world_size, pad, tuple(results), describe_cost(cost))
 
@@ -224,12 +246,17 @@ def write_plan(report: TrainingReport, policy: str, cost: SimulatedCost, path: s
     calls, ready for MSCCL_ALGO_DIR); everything is built before the first file is written.
     Returns the plan document."""
     path = check_output_path(path, directory=True)
+    if (path / "plan.json").is_dir():
+        raise InputError(str(path / "plan.json"), None, "expected to write the plan here, but a directory is there")
     doc = plan_document(report, policy, topology)
     programs = plan_programs(report[policy], cost)
     text = json.dumps(doc, indent=2) + "\n"
-    manifest = {"plan": "../plan.json", "policy": policy, "profile": report.profile.name}
-    path.mkdir(exist_ok=True)
+    manifest = {"plan": "../../plan.json", "policy": policy, "profile": report.profile.name}
+    with writing(path):
+        path.mkdir(exist_ok=True)
+    # the directory holds this plan's programs only: older ones would compete for selection
     write_directory([cw for _, cw in programs], path / PROGRAMS_DIR, manifest,
-                    names=[f"{need.id}.xml" for need, _ in programs])
-    write_atomic(path / "plan.json", text)
+                    names=[f"{need.id}.xml" for need, _ in programs], replaces=lambda name: True)
+    with writing(path / "plan.json"):
+        write_atomic(path / "plan.json", text)
     return doc

@@ -258,3 +258,43 @@ def test_plan_rejects_bad_profiles(tmp_path, body, field):
 def test_plan_rejects_an_unknown_model():
     done = run_hipipe("plan", "--profile", "resnet5O", "--topo", "dgx-h100-8x2")
     assert done.returncode == 2 and "unknown model" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_new_plan_replaces_the_programs_of_the_old_one(tmp_path):
+    out = tmp_path / "plan"
+    big = tmp_path / "big.yaml"
+    big.write_text(TOY_PROFILE)
+    small = tmp_path / "small.yaml"
+    small.write_text("model: small\ndtype_bytes: 4\nlayers:\n  - {name: a, params: 1000, fwd_ms: 1, bwd_ms: 2}\n")
+    for profile in (big, small):
+        done = run_hipipe("plan", "--profile", profile, "--topo", "dgx-h100-8x2", "--algo", "hierarchical", "-o", out)
+        assert done.returncode == 0, done.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    on_disk = {p.name for p in (out / "msccl-algorithms").iterdir() if p.is_file()}
+    assert on_disk == {p["xml"].split("/")[-1] for p in plan["programs"]}  # nothing left over to compete
+
+
+def test_recompiling_a_collective_replaces_its_windows_and_keeps_the_others(tmp_path):
+    out = tmp_path / "algos"
+    for args in (("--sizes", "1MiB:64MiB"), ("--coll", "reducescatter", "--sizes", "1MiB:4MiB"), ("--sizes", "1MiB:4MiB")):
+        done = run_hipipe("compile", "dgx-h100-8x2", "--algo", "hierarchical", *args, "-o", out, "--quiet")
+        assert done.returncode == 0, done.stderr
+    names = sorted(p.name for p in out.iterdir() if p.is_file())
+    assert [n.split("-")[0] for n in names] == ["allreduce", "reducescatter"]
+    assert read_program(out / names[0]).max_bytes == (4 << 20)
+
+
+def test_writes_that_fail_late_are_one_line_and_exit_2(tmp_path):
+    xml = tmp_path / "a.xml"
+    assert run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", xml, "--quiet").returncode == 0
+    (tmp_path / "plan" / "plan.json").mkdir(parents=True)
+    cases = [
+        ("plan", "--profile", SAMPLES.parent / "profiles" / "mlp.yaml", "--topo", "dgx-h100-8x2", "--algo", "hierarchical",
+         "-o", tmp_path / "plan"),
+        ("simulate", xml, "--topo", "dgx-h100-8x2", "--size", "1MiB", "--timeline", tmp_path / "a.xml" / "t.png"),
+        ("plan", "--profile", SAMPLES.parent / "profiles" / "mlp.yaml", "--topo", "dgx-h100-8x2", "-o", ""),
+    ]
+    for args in cases:
+        done = run_hipipe(*args)
+        assert done.returncode == 2, (args, done.stderr)
+        assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -266,10 +266,12 @@ REUSE_TOLERANCE = 0.003
 #: (the same speed, and a program that neighbouring windows can share).
 LARGE_WINDOW = 64 << 20
 #: Simulations per window for the coordinate descent; bandwidth-bound windows (from
-#: BANDWIDTH_WINDOW on) get more, since balancing every dimension is where the search pays.
+#: BANDWIDTH_WINDOW on) get more on topologies up to BANDWIDTH_RANKS ranks, since balancing
+#: every dimension is where the search pays (larger ones cost too much per simulation).
 BUDGET = 60
 BANDWIDTH_BUDGET = 160
 BANDWIDTH_WINDOW = 16 << 20
+BANDWIDTH_RANKS = 256
 
 
 @dataclass(frozen=True)
@@ -428,7 +430,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     nominal = int(math.sqrt(min_bytes * max_bytes))
     middle = (nominal,)
     if budget is None:
-        budget = BANDWIDTH_BUDGET if nominal >= BANDWIDTH_WINDOW else BUDGET
+        large = nominal >= BANDWIDTH_WINDOW and topo.nranks <= BANDWIDTH_RANKS
+        budget = BANDWIDTH_BUDGET if large else BUDGET
 
     def selectable(plan: Plan) -> bool:
         """The runtime only runs a program when nchunksperloop divides the element count."""

@@ -430,8 +430,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     nominal = int(math.sqrt(min_bytes * max_bytes))
     middle = (nominal,)
     if budget is None:
-        large = nominal >= BANDWIDTH_WINDOW and topo.nranks <= BANDWIDTH_RANKS
-        budget = BANDWIDTH_BUDGET if large else BUDGET
+        bandwidth_bound = nominal >= BANDWIDTH_WINDOW and topo.nranks <= BANDWIDTH_RANKS
+        budget = BANDWIDTH_BUDGET if bandwidth_bound else BUDGET
 
     def selectable(plan: Plan) -> bool:
         """The runtime only runs a program when nchunksperloop divides the element count."""

@@ -447,9 +447,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for note in profile.notes:
         print(f"note: {note}")
     rows = []
+    fastest = min(r.iteration_ms for r in report.results)
     for r in report.results:
         prims = r.plan.primitives
-        rows.append((r.policy + (" *" if r.policy == report.best else ""), len(r.plan.buckets),
+        rows.append((r.policy + (" *" if r.iteration_ms <= fastest * (1 + 1e-12) else ""), len(r.plan.buckets),
                      f"{prims.count('allreduce')} AR / {prims.count('rs+ag')} RS+AG", f"{r.iteration_ms:.3f}",
                      f"{r.exposed_comm_ms:.3f}", f"{r.iteration_ms / report['wfbp'].iteration_ms:.3f}" if "wfbp" in report.policies else "-"))
     print(tabulate(rows, headers=("policy", "buckets", "primitives", "iteration ms", "exposed comm ms", "vs wfbp"),

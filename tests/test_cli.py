@@ -160,7 +160,7 @@ def test_every_sample_compiles_and_verifies(tmp_path):
         if load_topology(sample).nranks > 256:
             continue
         out = tmp_path / f"{sample.stem}.xml"
-        done = run_hipipe("compile", sample, "--size", "64MiB", "-o", out, "--quiet")
+        done = run_hipipe("compile", sample, "--size", "4MiB", "-o", out, "--quiet")
         assert done.returncode == 0, (sample, done.stderr)
 
 

@@ -306,9 +306,12 @@ class Search:
         from .errors import PlanError
         from .lowering import lower
         try:
-            if plan.flat or (baseline and not self.exact(plan)):
+            if plan.flat:
                 return lower(plan, self.limits), False
-            return lower(plan, self.limits, ranks=[0]), True
+            rank0 = lower(plan, self.limits, ranks=[0])  # fails fast when the plan does not fit
+            if baseline and not self.exact(plan):
+                return lower(plan, self.limits), False
+            return rank0, True
         except PlanError:
             return None
 

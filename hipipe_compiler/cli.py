@@ -234,14 +234,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(done - bar.n)
         planner = partial(hipipe_planner, progress=progress)
-    try:
-        windows = compile_range(topo, options, lo, hi, planner)
-    except VerificationFailed as exc:
-        _report_violations(f"{topo.label} {exc.window.label}", exc.report)
-        return 1
-    finally:
-        if bar is not None:
-            bar.close()
+    windows, failed = _verified(topo, bar, lambda: compile_range(topo, options, lo, hi, planner))
+    if failed:
+        return failed
     if not directory:
         check_divisible(windows[0].program, args.size, options.dtype_bytes)
         write_file(windows[0], out, args.dialect)
@@ -260,6 +255,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
         print(summary_table(summaries))
     return 0
+
+
+def _verified(topo: Any, bar: Any, work: Any) -> tuple[Any, int]:
+    """Run work() and close the progress bar; a program that fails verification (a compiler
+    bug) is reported rule by rule and gives exit code 1 instead of a result."""
+    try:
+        return work(), 0
+    except VerificationFailed as exc:
+        _report_violations(f"{topo.label} {exc.window.label}", exc.report)
+        return None, 1
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def summary_table(summaries: list[dict[str, Any]]) -> str:
@@ -423,15 +431,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         bar = tqdm(desc="compiling programs", unit="window", leave=False)
     cost = SimulatedCost(topo, args.algo, profile.dtype_bytes,
                          progress=None if bar is None else lambda coll, w: (bar.set_postfix_str(f"{coll} {w.label}"), bar.update()))
-    try:
+    def work() -> tuple[Any, Any]:
         report = plan_training(profile, cost, topo.nranks)
-        doc = write_plan(report, args.policy, cost, out, topo.label) if out is not None else None
-    except VerificationFailed as exc:
-        _report_violations(f"{topo.label} {exc.window.label}", exc.report)
-        return 1
-    finally:
-        if bar is not None:
-            bar.close()
+        return report, (write_plan(report, args.policy, cost, out, topo.label) if out is not None else None)
+
+    result, failed = _verified(topo, bar, work)
+    if failed:
+        return failed
+    report, doc = result
     summary = report.summary()
     if args.json:
         _print_json({"profile": profile.name, "topology": topo.label, "world_size": topo.nranks,

@@ -30,7 +30,7 @@ def assert_within_limits(program, limits=Limits()):
                 assert st.s == pos
                 assert 0 <= st.depid <= limits.max_depid or st.depid == -1
                 if st.type != "nop":
-                    assert 1 <= st.cnt <= limits.max_count
+                    assert st.cnt >= 1 and st.cnt <= limits.max_count
                     assert max(st.srcoff, st.dstoff) <= limits.max_offset
 
 

@@ -76,7 +76,11 @@ class PolicyResult:
     plan: TrainingPlan
     simulation: Simulation
     programs: tuple[ProgramNeed, ...]
-    call_bytes: tuple[int, ...]  # per op: the size the call is made with (padded for its program)
+
+    @property
+    def call_bytes(self) -> tuple[int, ...]:
+        """Per op, the size the call is made with: its bucket's size, padded for its programs."""
+        return tuple(self.plan.buckets[op.bucket].padded_bytes for op in self.plan.ops)
 
     @property
     def iteration_ms(self) -> float:
@@ -169,8 +173,7 @@ def plan_training(profile: LayerProfile, cost: CommCostModel, world_size: int, p
     for policy in POLICIES:
         if policy in wanted:
             plan = padded_to_programs(build_plan(profile, schedules[policy], policy, pad), cache)
-            calls = tuple(plan.buckets[op.bucket].padded_bytes for op in plan.ops)
-            results.append(PolicyResult(policy, plan, simulate(plan, profile, cache), programs_needed(plan, cache), calls))
+            results.append(PolicyResult(policy, plan, simulate(plan, profile, cache), programs_needed(plan, cache)))
     return TrainingReport(profile, world_size, pad, tuple(results), describe_cost(cost))
 
 

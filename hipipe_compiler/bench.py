@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .compiler import lowering_key
+from .lowering import lowering_key
 from .documents import load_document, validate_document
 from .errors import InputError, PlanError
 from .lowering import lower

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import InputError, PlanError
-from .lowering import lower
-from .runtime import Limits, piece_count
+from .lowering import lower, lowering_key
+from .runtime import Limits
 from .msccl_xml import Dialect, write_atomic, write_program
 from .plan import Plan, hierarchical_plan, ring_plan
 from .program import PLANNED_COLLECTIVES, PROTOCOLS, Program
@@ -176,13 +176,6 @@ def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequenc
                        progress=tick, dtype_bytes=options.dtype_bytes)
     return [(c.plan, {"choice": c.knobs.label if c.knobs else c.plan.label, "alternatives": c.alternatives})
             for c in choices]
-
-
-def lowering_key(plan: Plan) -> tuple[Any, ...]:
-    """Plans with equal keys lower to the same program apart from the window."""
-    n = plan.nchunksperloop
-    return (replace(plan, min_bytes=0, max_bytes=0, nominal_bytes=0, schedule=plan.events()),
-            piece_count(plan.protocol, plan.max_bytes, n, True), piece_count(plan.protocol, plan.max_bytes, n, False))
 
 
 def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,

@@ -318,7 +318,7 @@ class Search:
     def exact(self, plan: Plan) -> bool:
         """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
         shifted. Checked only for candidates that could win, since it lowers four ranks."""
-        from .compiler import lowering_key
+        from .lowering import lowering_key
         from .errors import PlanError
         from .lowering import lower
         from .simulate import probe_ranks, symmetric
@@ -336,7 +336,7 @@ class Search:
         """Simulate `plan` at each size (rank 0 alone when that is exact); None when the plan
         does not fit the runtime or is not the same on every rank."""
         from .bounds import lower_bound_us
-        from .compiler import lowering_key
+        from .lowering import lowering_key
         from .simulate import SimulationError, simulate
         key = lowering_key(plan)
         if key not in self.programs:

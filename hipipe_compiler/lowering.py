@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -534,6 +534,13 @@ class _Unit:
     src: tuple[str, int] | None
     dst: tuple[str, int] | None
     cnt: int
+
+
+def lowering_key(plan: Plan) -> tuple[Any, ...]:
+    """Plans with equal keys lower to the same program apart from the window."""
+    n = plan.nchunksperloop
+    return (replace(plan, min_bytes=0, max_bytes=0, nominal_bytes=0, schedule=plan.events()),
+            piece_count(plan.protocol, plan.max_bytes, n, True), piece_count(plan.protocol, plan.max_bytes, n, False))
 
 
 def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = None) -> Program:

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from .lp import StageCost, chunk_sizes, order_mix
 from .plan import (
-    ChunkPlan, Plan, auto_layouts, bandwidth_order, chunk_stages, default_algorithms, default_schedule, stage_cost,
+    RING_ALGORITHMS, ChunkPlan, Plan, auto_layouts, bandwidth_order, chunk_stages, default_algorithms, default_schedule, stage_cost,
 )
 from .topology import Topology
 
@@ -46,6 +46,7 @@ class Knobs:
     # depend on the window's largest size, so neighbouring windows can share it
     tilt: int = 0  # units moved from the major order to the next (negative: back): the LP balances an
     # idealised network, the simulator judges the real one
+    bidir: bool = False  # rings reduce each block along both directions at once (n // 2 latencies, not n - 1)
 
     @property
     def label(self) -> str:
@@ -72,6 +73,8 @@ class Knobs:
             parts.append("split")
         if self.tilt:
             parts.append(f"t{self.tilt:+d}")
+        if self.bidir:
+            parts.append("bd")
         if self.protocol != "Simple":
             parts.append(self.protocol)
         return "-".join(parts)
@@ -183,9 +186,11 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
     """The plan a set of knobs describes, for calls of min_bytes..max_bytes."""
     nominal = nominal_bytes or max_bytes
     algs = default_algorithms(topology)
+    if knobs.bidir:
+        algs = tuple("bidir" if a == "ring" else a for a in algs)
     if knobs.oneshot and collective == "allreduce":
         algs = tuple("oneshot" for _ in algs)
-    both = any(d.uses_both_directions and a in ("ring", "oneshot") for d, a in zip(topology.dimensions, algs))
+    both = any(d.uses_both_directions and a in ("ring", "bidir", "oneshot") for d, a in zip(topology.dimensions, algs))
     dirs = (1, -1) if both else (1,)
     per_chunk = _ramped(_chunk_orders(_orders(topology, collective, knobs), knobs.chunks, knobs.arrange), knobs.ramp)
     pieces = [(order, share / len(dirs), d) for order, share in per_chunk for d in dirs]
@@ -233,7 +238,7 @@ def lp_resize(plan: Plan, total_units: int, nbytes: float, rounds: int = 3) -> P
                 a = _stage_latency(plan, st)
                 b = max(0.0, stage_cost(plan, k, st, nbytes) - a) / x_k
                 # the physical resource: lanes of one dimension share its ports or links
-                resource = (st.axis, c.direction if plan.algorithms[st.axis] == "ring" else 0)
+                resource = (st.axis, c.direction if plan.algorithms[st.axis] in RING_ALGORITHMS else 0)
                 row.append(StageCost(resource, a, b))
             stages.append(row)
         sequence: dict = {}
@@ -251,7 +256,7 @@ def lp_resize(plan: Plan, total_units: int, nbytes: float, rounds: int = 3) -> P
 def _stage_latency(plan: Plan, stage) -> float:
     n = plan.axis_size(stage.axis)
     alpha = plan.topology.dimensions[stage.axis].latency
-    steps = (n - 1) if plan.algorithms[stage.axis] == "ring" else 1
+    steps = {"ring": n - 1, "bidir": n // 2}.get(plan.algorithms[stage.axis], 1)
     return steps * alpha * (2 if stage.kind == "ar" else 1)
 
 
@@ -359,7 +364,7 @@ class Search:
         return Evaluation(knobs, plan, tuple(times), score)
 
 
-def _knob_neighbours(k: Knobs, allreduce: bool) -> list[Knobs]:
+def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool) -> list[Knobs]:
     out = []
     for chunks in sorted({max(1, k.chunks // 2), max(1, round(k.chunks * 2 / 3)), round(k.chunks * 3 / 2), k.chunks * 2}):
         if chunks != k.chunks and chunks <= MAX_CHUNKS:
@@ -377,6 +382,8 @@ def _knob_neighbours(k: Knobs, allreduce: bool) -> list[Knobs]:
         out += [replace(k, tilt=k.tilt + d) for d in (1, -1, 3, -3)]
     if allreduce:
         out.append(replace(k, oneshot=not k.oneshot))
+    if rings:
+        out.append(replace(k, bidir=not k.bidir))
     return out
 
 
@@ -486,6 +493,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             coarse.append(Knobs(k, ag_lane=True, oneshot=True))
         if k <= 8:
             coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
+    rings = "ring" in default_algorithms(topo)
+    if rings:  # every candidate also with both-ways rings
+        coarse += [replace(c, bidir=True) for c in coarse]
     for knobs in (*seeds, *coarse):
         attempt(knobs)
     def exact(ev: Evaluation) -> bool:
@@ -498,7 +508,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         until = search.evaluations + (budget - (search.evaluations - start)) // (len(seeds_ranked) - i)
         while improved and search.evaluations < until:
             improved = False
-            for knobs in _knob_neighbours(best.knobs, allreduce):
+            for knobs in _knob_neighbours(best.knobs, allreduce, rings):
                 ev = attempt(knobs)
                 if ev is not None and ev.score < best.score * (1 - 1e-6) and exact(ev):
                     best, improved = ev, True

@@ -260,24 +260,32 @@ class _Generator:
         alg = plan.algorithms[st.axis] if n > 2 else "direct"
         if plan.algorithms[st.axis] == "oneshot":
             # one-shot only replaces the last axis's reduce-scatter + all-gather
-            alg = "oneshot" if st.kind == "ar" else ("ring" if ring_axis else "direct")
-        blocks = [self.block_pieces(k, st.depth, prefix, v, origin, fused, alg == "ring") for v in range(n)]
+            alg = "oneshot" if st.kind == "ar" else ("bidir" if ring_axis else "direct")
+        blocks = [self.block_pieces(k, st.depth, prefix, v, origin, fused, alg in ("ring", "bidir")) for v in range(n)]
         lane = chunk.lane_of(j)
         if alg == "oneshot" and ring_axis:
-            self._ring_oneshot(ops, e, n, k, st, prefix, origin, fused, lane)
+            self._ring_oneshot(ops, e, n, k, st, prefix, origin, fused, lane, chunk.direction)
         elif alg == "oneshot":
             self._oneshot(ops, e, n, k, st, prefix, origin, fused, lane)
         elif alg == "ring":
-            d = chunk.direction
-            both = self.role(st.axis, lane, "ring", d, "both") if fused else None
-            rs_send = both if fused else self.role(st.axis, lane, "ring", d, "send")
-            rs_recv = both if fused else self.role(st.axis, lane, "ring", d, "recv")
+            rs_send, rs_recv = self._ring_roles(st.axis, lane, chunk.direction, fused)
             for i in range(len(blocks[p])):
                 rnd = 0
                 if st.kind in ("rs", "ar"):
-                    rnd = self._ring_rs(ops, e, i, n, p, d, blocks, st, rs_send, rs_recv)
+                    rnd = self._ring_rs(ops, e, i, n, p, chunk.direction, blocks, st, rs_send, rs_recv)
                 if st.kind in ("ag", "ar"):
-                    self._ring_ag(ops, e, i, n, p, d, blocks, st, rs_send, rs_recv, rnd)
+                    self._ring_ag(ops, e, i, n, p, chunk.direction, blocks, st, rs_send, rs_recv, rnd)
+        elif alg == "bidir":
+            d = chunk.direction
+            # the other direction's chain gets threadblocks (and channels) of its own, so that it
+            # runs beside the mirrored chunk's main chain on that link instead of after it
+            roles = {d: self._ring_roles(st.axis, lane, d, fused), -d: self._ring_roles(st.axis, -1 - lane, -d, fused)}
+            for i in range(len(blocks[p])):
+                rnd = 0
+                if st.kind in ("rs", "ar"):
+                    rnd = self._bidir_rs(ops, e, i, n, p, d, blocks, st, roles)
+                if st.kind in ("ag", "ar"):
+                    self._bidir_ag(ops, e, i, n, p, d, blocks, st, roles, rnd)
         else:
             if fused:
                 send_roles = recv_roles = [self.role(st.axis, lane, "direct", delta, "both") for delta in range(1, n)]
@@ -351,21 +359,19 @@ class _Generator:
         return self.pieces(tuple((a, b) for a, b in merged), fused, ring)
 
     def _ring_oneshot(self, ops: list[_Op], e: int, n: int, k: int, st: Stage, prefix: tuple[int, ...],
-                      origin: tuple[int, ...], fused: bool, lane: int) -> None:
+                      origin: tuple[int, ...], fused: bool, lane: int, direction: int) -> None:
         """All-reduce around a ring in n // 2 rounds: every rank floods its whole range both
         ways, each hop forwarding what it received (into scratch) one step further; every
         rank then reduces the n - 1 ranges it received into its own. Few latencies, n - 1
-        times the bytes: for small data on slow rings."""
+        times the bytes: for small data on slow rings. With n even the opposite rank's range
+        comes the chunk's own direction; the mirrored chunk balances the links."""
         pieces = self._owned_pieces(n, k, st, prefix, origin, fused, True)
-        rounds = {1: n // 2, -1: (n - 1) // 2}  # with n even, the opposite rank's range comes the + way
-        roles = {}
-        for d in (1, -1):
-            both = self.role(st.axis, lane, "ring", d, "both") if fused else None
-            roles[d] = (both if fused else self.role(st.axis, lane, "ring", d, "send"),
-                        both if fused else self.role(st.axis, lane, "ring", d, "recv"))
+        rounds = {direction: n // 2, -direction: (n - 1) // 2}
+        roles = {direction: self._ring_roles(st.axis, lane, direction, fused),
+                 -direction: self._ring_roles(st.axis, -1 - lane, -direction, fused)}
         inp = self.rs_input(st.depth)
         for i, (start, cnt) in enumerate(pieces):
-            for d in (1, -1):
+            for d in (direction, -direction):
                 send, recv = roles[d]
                 ops.append(_Op(send, (e, i, 0), "s", (inp, start), None, cnt))
                 for t in range(1, rounds[d] + 1):
@@ -375,7 +381,7 @@ class _Generator:
                     if not last:
                         ops.append(_Op(send, (e, i, t), "s", dst, None, cnt))
             first = True
-            for d in (1, -1):
+            for d in (direction, -direction):
                 _send, recv = roles[d]
                 if first and inp != "o":
                     ops.append(_Op(recv, (e, i, n), "cpy", (inp, start), ("o", start), cnt))
@@ -390,6 +396,55 @@ class _Generator:
     def scratch(self, index: int, start: int) -> int:
         """Scratch chunk of the index-th copy of logical chunk `start` (one nchunksperloop apart)."""
         return index * self.nch + start
+
+    def _ring_roles(self, axis: int, lane: int, direction: int, fused: bool) -> tuple[int, int]:
+        """(send role, receive role) of a ring direction: one threadblock when fused."""
+        if fused:
+            both = self.role(axis, lane, "ring", direction, "both")
+            return both, both
+        return self.role(axis, lane, "ring", direction, "send"), self.role(axis, lane, "ring", direction, "recv")
+
+    def _bidir_rs(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
+                  roles: dict[int, tuple[int, int]]) -> int:
+        """Reduce-scatter along both ring directions at once: block v gathers the n // 2 ranks
+        behind it (direction d) along one chain and the (n - 1) // 2 ahead of it along the
+        other, so it takes n // 2 latencies instead of n - 1. The chunk of the other direction
+        mirrors it, which balances the two links. Returns the number of rounds."""
+        inp, land, own = self.rs_input(st.depth), self.rs_landing(), self.rs_owned(st.depth)
+        src_final = inp
+        # the shorter chain first: its final reduce comes first, the longer one ends the stage
+        for dd, length in ((-d, (n - 1) // 2), (d, n // 2)):
+            send_role, recv_role = roles[dd]
+            start, cnt = blocks[(p + length * dd) % n][i]
+            ops.append(_Op(send_role, (e, i, 0), "s", (inp, start), None, cnt))
+            for t in range(length):
+                start, cnt = blocks[(p + (length - 1 - t) * dd) % n][i]
+                last = t == length - 1
+                # the final reduce is not fused with an all-gather send: that step would only
+                # complete when its message arrives, holding back the other direction's send
+                src = src_final if last else inp
+                ops.append(_Op(recv_role, (e, i, t), "rrc", (src, start), (own if last else land, start), cnt,
+                               fuse=not last, dead=not last))
+                if not last:
+                    ops.append(_Op(send_role, (e, i, t + 1), "s", (land, start), None, cnt))
+            src_final = own
+        return n // 2
+
+    def _bidir_ag(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
+                  roles: dict[int, tuple[int, int]], r0: int) -> None:
+        """All-gather along both ring directions: block v travels n // 2 ranks one way and
+        (n - 1) // 2 the other."""
+        src = "o" if st.kind == "ar" else self.ag_source(st.depth)
+        for dd, length in ((d, n // 2), (-d, (n - 1) // 2)):
+            send_role, recv_role = roles[dd]
+            start, cnt = blocks[p][i]
+            ops.append(_Op(send_role, (e, i, r0), "s", (src, start), None, cnt))
+            for t in range(length):
+                start, cnt = blocks[(p - (t + 1) * dd) % n][i]
+                last = t == length - 1
+                ops.append(_Op(recv_role, (e, i, r0 + t), "r", None, ("o", start), cnt, fuse=not last))
+                if not last:
+                    ops.append(_Op(send_role, (e, i, r0 + t + 1), "s", ("o", start), None, cnt))
 
     def _ring_rs(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
                  send_role: int, recv_role: int) -> int:

@@ -24,11 +24,15 @@ from .program import PLANNED_COLLECTIVES, PROTOCOLS
 from .runtime import piece_count
 from .topology import Topology
 
-Algorithm = Literal["ring", "direct", "oneshot"]
-#: Algorithms inside one axis: a ring (n-1 steps), direct exchange with every peer (one
-#: step per reduce-scatter or all-gather), or one-shot (the last axis's reduce-scatter and
-#: all-gather replaced by sending the whole block to every peer: one latency, n-1 times the bytes).
-ALGORITHMS: tuple[str, ...] = ("ring", "direct", "oneshot")
+Algorithm = Literal["ring", "bidir", "direct", "oneshot"]
+#: Algorithms inside one axis: a ring (n-1 steps), a ring run both ways at once (each block
+#: reduced along two chains that meet at its owner: n // 2 steps, the same bytes per link),
+#: direct exchange with every peer (one step per reduce-scatter or all-gather), or one-shot
+#: (the last axis's reduce-scatter and all-gather replaced by sending the whole block to every
+#: peer: one latency, n-1 times the bytes).
+ALGORITHMS: tuple[str, ...] = ("ring", "bidir", "direct", "oneshot")
+#: Algorithms that move data around a ring, one neighbour at a time.
+RING_ALGORITHMS: tuple[str, ...] = ("ring", "bidir")
 Layout = Literal["fused", "split"]
 
 #: Switch dimensions up to this size use direct exchange by default; larger ones a ring.
@@ -208,6 +212,8 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
         alg = "ring" if ring_axis and n > 2 else "direct"
     if alg == "ring":
         one = (n - 1) * (alpha + data / n / bpus)
+    elif alg == "bidir":  # the longer chain's latencies; the two directions' links share the bytes
+        one = n // 2 * alpha + (n - 1) * data / n / bpus
     else:
         one = alpha + (n - 1) / n * data / bpus
     return 2 * one if stage.kind == "ar" else one
@@ -227,7 +233,7 @@ def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
     def resource(k: int, j: int) -> tuple[int, int, int]:
         c = plan.chunks[k]
         st = stages[k][j]
-        ring_dir = c.direction if plan.algorithms[st.axis] == "ring" else 0
+        ring_dir = c.direction if plan.algorithms[st.axis] in RING_ALGORITHMS else 0
         return (st.axis, c.lane_of(j), ring_dir)
 
     # per resource: stages not ready yet (by ready time) and stages ready once it is free
@@ -314,7 +320,7 @@ def auto_layouts(topology: Topology, flat: bool, chunks: Sequence[ChunkPlan], al
             largest[a] = max(largest[a], cells)
     out = []
     for a in range(naxes):
-        limit = piece_count(protocol, max_bytes, nch, ring=algorithms[a] == "ring" and size(a) > 2)
+        limit = piece_count(protocol, max_bytes, nch, ring=algorithms[a] in RING_ALGORITHMS and size(a) > 2)
         out.append("fused" if largest[a] <= limit else "split")
     return tuple(out)
 
@@ -328,7 +334,7 @@ def _needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[
     if flat:
         return False
     # one-shot axes still reduce-scatter and all-gather by ring when they are not last
-    return any(d.uses_both_directions and alg in ("ring", "oneshot") for d, alg in zip(topology.dimensions, algorithms))
+    return any(d.uses_both_directions and alg in ("ring", "bidir", "oneshot") for d, alg in zip(topology.dimensions, algorithms))
 
 
 def uniform_chunks(k: int, orders: Sequence[tuple[int, ...]], both_directions: bool, lanes: int = 1) -> tuple[ChunkPlan, ...]:

@@ -24,7 +24,7 @@ def plans(draw, max_ranks: int = 32, max_chunks: int = 4) -> Plan:
     for a in range(naxes):
         can_direct = sizes[a] == 2 or (not flat and topo.dimensions[a].kind == "switch")
         oneshot = ["oneshot"] if coll == "allreduce" and not flat else []
-        choices = (["ring", "direct"] if can_direct else ["ring"]) + oneshot
+        choices = (["ring", "bidir", "direct"] if can_direct else ["ring", "bidir"]) + oneshot
         algorithms.append(draw(st.sampled_from(choices)))
     nchunks = draw(st.integers(1, max_chunks))
     chunks = []

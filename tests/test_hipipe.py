@@ -64,9 +64,9 @@ TARGETS = [
     ("torus-4x4", 1 << 30, 0.97), ("torus-4x4", 256 * MiB, 0.95), ("torus-4x4", 64 * MiB, 0.95), ("torus-4x4", MiB, 0.35),
     ("ring-fc-switch-2x8x4", 1 << 30, 0.97), ("ring-fc-switch-2x8x4", 256 * MiB, 0.95),
     ("ring-fc-switch-2x8x4", 64 * MiB, 0.95), ("ring-fc-switch-2x8x4", MiB, 0.35),
-    ("torus-4x4x4", 1 << 30, 0.97), ("torus-4x4x4", 256 * MiB, 0.95),
-    # known gaps against the targets (0.95 and 0.35): guard what we reach
-    ("torus-4x4x4", 64 * MiB, 0.91), ("torus-4x4x4", MiB, 0.25),
+    ("torus-4x4x4", 1 << 30, 0.97), ("torus-4x4x4", 256 * MiB, 0.95), ("torus-4x4x4", MiB, 0.35),
+    # a known gap against the target (0.95): guard what we reach
+    ("torus-4x4x4", 64 * MiB, 0.91),
 ]
 
 

@@ -137,3 +137,23 @@ def test_reducescatter_and_allgather_use_the_runtime_buffer_sizes():
     assert (rs.gpus[0].i_chunks, rs.gpus[0].o_chunks) == (rs.nchunksperloop, rs.nchunksperloop // 16)
     assert (ag.gpus[0].i_chunks, ag.gpus[0].o_chunks) == (ag.nchunksperloop // 16, ag.nchunksperloop)
     assert rs.gpus[0].s_chunks > 0  # partial sums live in scratch, never in the user's send buffer
+
+
+@pytest.mark.parametrize("n", [3, 4, 5, 8])
+def test_both_way_rings_take_half_the_latencies_with_the_same_bytes(n):
+    from dataclasses import replace
+
+    from hipipe_compiler.simulate import simulate
+    from hipipe_compiler.topology import Dimension, Topology
+    alpha = 10.0
+    topo = Topology((Dimension(n, "ring", 100.0, alpha, "x"),), name=f"ring{n}")
+    ring = hierarchical_plan(topo, "allreduce", 1, max_bytes=1 << 16)
+    bidir = replace(ring, algorithms=("bidir",))
+    programs = {p.algorithms[0]: lower(p) for p in (ring, bidir)}
+    assert verify(programs["bidir"]).ok
+    runs = {alg: simulate(prog, topo, 1 << 16) for alg, prog in programs.items()}
+    wire = alpha * 1e-6 * 100e9 / 2  # bytes a link moves in one latency: the data is far smaller
+    assert runs["bidir"].dims[0].bytes_per_rank == pytest.approx(runs["ring"].dims[0].bytes_per_rank)
+    # reduce-scatter and all-gather: 2 (n - 1) latencies around a ring, 2 (n // 2) both ways
+    for alg, rounds in (("ring", 2 * (n - 1)), ("bidir", 2 * (n // 2))):
+        assert rounds * alpha <= runs[alg].time_us < rounds * alpha + 2 * (n - 1) * (1 << 16) / n / wire * alpha

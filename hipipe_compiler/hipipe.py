@@ -494,8 +494,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         if k <= 8:
             coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
     rings = "ring" in default_algorithms(topo)
-    if rings:  # every candidate also with both-ways rings
-        coarse += [replace(c, bidir=True) for c in coarse]
+    if rings and topo.nranks <= BANDWIDTH_RANKS:  # every candidate also with both-way rings (on
+        coarse += [replace(c, bidir=True) for c in coarse]  # larger topologies the descent tries them)
     for knobs in (*seeds, *coarse):
         attempt(knobs)
     def exact(ev: Evaluation) -> bool:

@@ -277,6 +277,8 @@ BUDGET = 60
 BANDWIDTH_BUDGET = 160
 BANDWIDTH_WINDOW = 16 << 20
 BANDWIDTH_RANKS = 256
+#: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
+BIDIR_TRIALS = 6
 
 
 @dataclass(frozen=True)
@@ -493,11 +495,12 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             coarse.append(Knobs(k, ag_lane=True, oneshot=True))
         if k <= 8:
             coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
-    rings = "ring" in default_algorithms(topo)
-    if rings and topo.nranks <= BANDWIDTH_RANKS:  # every candidate also with both-way rings (on
-        coarse += [replace(c, bidir=True) for c in coarse]  # larger topologies the descent tries them)
     for knobs in (*seeds, *coarse):
         attempt(knobs)
+    rings = "ring" in default_algorithms(topo)
+    if rings:  # the best few of the sweep also with both-way rings (or without, for seeds)
+        for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:BIDIR_TRIALS]:
+            attempt(replace(ev.knobs, bidir=not ev.knobs.bidir))  # type: ignore[union-attr]
     def exact(ev: Evaluation) -> bool:
         return ev.knobs is None or search.exact(ev.plan)
 

@@ -43,6 +43,17 @@ def test_lanes_fan_and_all_gather_lanes():
     assert {c.direction for c in torus.chunks} == {1, -1}  # both directed links of every ring
 
 
+def test_both_way_rings_replace_rings_only_and_cut_small_message_time():
+    topo = preset("ring-fc-switch-2x8x4")  # a ring of 2 and two switch dimensions: nothing to change
+    assert build_plan(topo, "allreduce", MiB, MiB, Knobs(2, bidir=True)).algorithms == ("direct", "direct", "direct")
+    torus = preset("torus-4x4x4")
+    plain, both = (build_plan(torus, "allreduce", MiB, MiB, Knobs(4, fan=True, bidir=b)) for b in (False, True))
+    assert both.algorithms == ("bidir",) * 3
+    assert verify(lower(both)).ok
+    times = [simulate_exact(lower(p), torus, MiB).time_us for p in (plain, both)]
+    assert times[1] < 0.9 * times[0]  # two latencies per ring pass instead of three
+
+
 @settings(max_examples=12)
 @given(topologies(max_ranks=16), st.sampled_from(["allreduce", "reducescatter", "allgather"]),
        st.sampled_from([64 << 10, MiB, 64 * MiB]))

@@ -467,6 +467,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     def attempt(knobs: Knobs) -> Evaluation | None:
         if forced:
             knobs = replace(knobs, **forced)  # type: ignore[arg-type]
+        if knobs.oneshot and allreduce:
+            knobs = replace(knobs, bidir=False)  # one-shot plans run their ring stages both ways anyway
         if knobs in tried or knobs.chunks < 1 or (knobs.chunks > max_chunks and not forced):
             return None
         tried.add(knobs)

@@ -443,36 +443,91 @@ def _slot_mapper(plan: Plan, rank: int) -> tuple[Callable[[str, int], int], Call
     return slot, offset
 
 
+#: Op types that read their src operand, and those that write their dst operand.
+_READS = frozenset(("s", "rrc", "cpy", "re"))
+_WRITES = frozenset(("r", "rrc", "cpy", "re"))
+
+
 def _raw_dependencies(plan: Plan, ops: list[_Op], nroles: int) -> list[list[int]]:
-    """For each op, the earlier ops (any role) it must wait for, by slot reads and writes."""
-    slot, _offset = _slot_mapper(plan, 0)
-    scratch = max((loc[1] + op.cnt for op in ops for loc in (op.src, op.dst) if loc is not None and loc[0] == "s"), default=0)
-    nslots = plan.nchunksperloop + scratch
-    last_writer = np.full(nslots, -1, dtype=np.int64)
-    last_read = np.full((nslots, nroles), -1, dtype=np.int64)
+    """For each op, the earlier ops (any role) it must wait for, by slot reads and writes.
+
+    A read waits for the slots' last writers; a write also waits, per role, for the latest
+    read of any of its slots since they were last written. Slots are tracked in runs that
+    no op's range splits (every op covers a run whole or not at all, so all slots of a run
+    share their history): an op then touches one or two runs, not dozens of slots.
+    """
+    nslots = plan.nchunksperloop + max(
+        (loc[1] + op.cnt for op in ops for loc in (op.src, op.dst) if loc is not None and loc[0] == "s"), default=0)
+    reads, writes = _slot_ranges(plan, ops, nslots)
+    nruns = max((hi for _lo, hi in (*reads, *writes) if hi >= 0), default=0)
+    writer = [-1] * nruns  # last op that wrote each run
+    readers: list[dict[int, int] | None] = [None] * nruns  # per run: role -> its last op reading it since
     deps: list[list[int]] = []
     for idx, op in enumerate(ops):
         found: set[int] = set()
-        reads = op.type in ("s", "rrc", "cpy", "re")
-        writes = op.type in ("r", "rrc", "cpy", "re")
-        if reads:
-            a = slot(*op.src)  # type: ignore[misc]
-            found.update(last_writer[a:a + op.cnt].tolist())
-        if writes:
-            a = slot(*op.dst)  # type: ignore[misc]
-            found.update(last_writer[a:a + op.cnt].tolist())  # (re also reads its dst: the same writer)
-            found.update(last_read[a:a + op.cnt].max(axis=0).tolist())
+        ra, rb = reads[idx]
+        wa, wb = writes[idx]
+        if ra < rb:
+            found.update(writer[ra:rb])
+        if wa < wb:
+            found.update(writer[wa:wb])  # (re also reads its dst: the same writer)
+            found.update(_latest_reads(readers[wa:wb]))
         found.discard(-1)
-        if reads:
-            a = slot(*op.src)  # type: ignore[misc]
-            last_read[a:a + op.cnt, op.role] = idx
-        if writes:
-            a = slot(*op.dst)  # type: ignore[misc]
-            last_writer[a:a + op.cnt] = idx
-            last_read[a:a + op.cnt] = -1
-        found.discard(idx)
+        if ra < rb:
+            role = op.role
+            for a in range(ra, rb):
+                seen = readers[a]
+                if seen is None:
+                    readers[a] = {role: idx}
+                else:
+                    seen[role] = idx
+        if wa < wb:
+            writer[wa:wb] = [idx] * (wb - wa)
+            readers[wa:wb] = [None] * (wb - wa)
         deps.append(sorted(found))
     return deps
+
+
+def _slot_ranges(plan: Plan, ops: list[_Op], nslots: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Per op, the runs [lo, hi) of slots it reads and writes (empty: (0, 0)).
+
+    Runs are the pieces into which every op's slot range boundaries cut 0..nslots; slots
+    past nslots are ignored (as the slot table ends there)."""
+    nch = plan.nchunksperloop
+    raw_reads: list[tuple[int, int] | None] = []
+    raw_writes: list[tuple[int, int] | None] = []
+    bounds = {0, nslots}
+
+    def slots(loc: tuple[str, int], cnt: int) -> tuple[int, int] | None:
+        a = nch + loc[1] if loc[0] == "s" else loc[1]
+        b = min(a + cnt, nslots)
+        if a >= b:
+            return None
+        bounds.add(a)
+        bounds.add(b)
+        return a, b
+
+    for op in ops:
+        kind = op.type
+        raw_reads.append(slots(op.src, op.cnt) if kind in _READS else None)  # type: ignore[arg-type]
+        raw_writes.append(slots(op.dst, op.cnt) if kind in _WRITES else None)  # type: ignore[arg-type]
+    run_of = {b: i for i, b in enumerate(sorted(bounds))}
+    empty = (0, 0)
+    return ([empty if r is None else (run_of[r[0]], run_of[r[1]]) for r in raw_reads],
+            [empty if w is None else (run_of[w[0]], run_of[w[1]]) for w in raw_writes])
+
+
+def _latest_reads(readers: list[dict[int, int] | None]) -> list[int]:
+    """Per role, the latest op that read any of these runs."""
+    if len(readers) == 1:
+        return list(readers[0].values()) if readers[0] else []
+    latest: dict[int, int] = {}
+    for seen in readers:
+        if seen:
+            for role, idx in seen.items():
+                if idx > latest.get(role, -1):
+                    latest[role] = idx
+    return list(latest.values())
 
 
 # -- segmentation -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ The passes, in order:
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -582,6 +583,7 @@ def _segment_cuts(gen: _Generator, per_rank_ops: list[list[_Op]], budgets: dict[
 class _Unit:
     """A step-to-be: one op, or a receive fused with the send after it."""
 
+    index: int  # in the rank's list of units
     ops: list[int]
     tb: int
     pos: int
@@ -648,44 +650,19 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
     """Build the Program for given segment cuts; report step-limit overflow per (axis, lane)."""
     topo = plan.topology
     nranks = topo.nranks
-    # segments per (axis, lane) and channels
-    segs_of = {key: len(c) + 1 for key, c in cuts.items()}
-    channel_base: dict[tuple[int, int], int] = {}
-    by_axis: dict[int, list[int]] = defaultdict(list)
-    for axis, lane in sorted(segs_of):
-        by_axis[axis].append(lane)
-    nchannels = 1
-    for axis, lanes in by_axis.items():
-        base = 0
-        for lane in sorted(lanes):
-            channel_base[(axis, lane)] = base
-            base += segs_of[(axis, lane)]
-        nchannels = max(nchannels, base)
+    channel_base, nchannels = _channels(cuts)
     if nchannels > limits.max_channels:
         raise PlanError(
             f"the plan needs {nchannels} channels (threadblocks are split over channels to stay within "
             f"{limits.max_steps} steps each); the runtime allows {limits.max_channels}; use fewer chunks or lanes")
 
-    segments: dict[tuple[_Role, tuple[int, int, int]], int] = {}
-
-    def segment(role: _Role, tick: tuple[int, int, int]) -> int:
-        key = (role, tick)
-        g = segments.get(key)
-        if g is None:
-            g = 0
-            if role.axis >= 0:
-                c = cuts.get((role.axis, role.lane), [])
-                while g < len(c) and tick >= c[g]:
-                    g += 1
-            segments[key] = g
-        return g
-
     # threadblock keys in a fixed order: (role, segment)
-    tb_keys: list[tuple[int, int]] = sorted({(op.role, segment(gen.roles[op.role], op.tick))
-                                             for op in per_rank_ops[0]})
-    if any({(op.role, segment(gen.roles[op.role], op.tick)) for op in ops} != set(tb_keys) for ops in per_rank_ops[1:]):
+    role_cuts = [cuts.get((role.axis, role.lane), []) if role.axis >= 0 else [] for role in gen.roles]
+    per_rank_segs = [_segments(ops, role_cuts) for ops in per_rank_ops]
+    tb_keys: list[tuple[int, int]] = sorted({(op.role, g) for op, g in zip(per_rank_ops[0], per_rank_segs[0])})
+    if any({(op.role, g) for op, g in zip(ops, segs)} != set(tb_keys)
+           for ops, segs in zip(per_rank_ops[1:], per_rank_segs[1:])):
         raise PlanError("internal error: ranks disagree on their threadblocks")
-    tb_id = {key: i for i, key in enumerate(tb_keys)}
     ntb = len(tb_keys)
     if ntb > limits.max_threadblocks:
         raise PlanError(
@@ -693,6 +670,12 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
             f"(all threadblocks must be resident at once); use fewer lanes, chunks, or a ring inside large switch dimensions")
     if ntb > limits.max_depid + 1:
         raise PlanError(f"the plan needs {ntb} threadblocks; dependencies can only name threadblocks 0..{limits.max_depid}")
+    role_tbs: list[dict[int, int]] = [{} for _ in gen.roles]  # role -> segment -> threadblock
+    for t, (role, seg) in enumerate(tb_keys):
+        role_tbs[role][seg] = t
+    # (threadblock of a segment, threadblock of the role's previous segment): chained in order
+    chains = [(t, role_tbs[role][seg - 1]) for t, (role, seg) in enumerate(tb_keys)
+              if seg > 0 and seg - 1 in role_tbs[role]]
 
     bufs = buffer_chunks(plan.collective, nranks, plan.nchunksperloop)
     gpus: list[Gpu] = []
@@ -701,81 +684,16 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
     for index, rank in enumerate(ranks):
         ops = per_rank_ops[index]
         slot_offset = _slot_mapper(plan, rank)[1]
-        # units: fuse a receive with the send after it in the same threadblock
-        tb_units: list[list[_Unit]] = [[] for _ in range(ntb)]
-        unit_of = [0] * len(ops)
-        units: list[_Unit] = []
-        for idx, op in enumerate(ops):
-            t = tb_id[(op.role, segment(gen.roles[op.role], op.tick))]
-            lst = tb_units[t]
-            if lst and op.type == "s":
-                prev = lst[-1]
-                pop = ops[prev.ops[-1]]
-                if len(prev.ops) == 1 and pop.fuse and pop.dst == op.src and pop.cnt == op.cnt:
-                    prev.ops.append(idx)
-                    prev.type = {"rrc": "rrs" if pop.dead else "rrcs", "r": "rcs"}[pop.type]
-                    if prev.type == "rrs":
-                        prev.dst = None
-                    unit_of[idx] = unit_of[prev.ops[0]]
-                    continue
-            u = _Unit([idx], t, len(lst), op.type, op.src, op.dst, op.cnt)
-            unit_of[idx] = len(units)
-            units.append(u)
-            lst.append(u)
-        # dependencies between units, with the chain between segments of one role
-        unit_deps: list[set[int]] = [set() for _ in units]
-        for idx, op in enumerate(ops):
-            me = unit_of[idx]
-            for d in raw[index][idx]:
-                other = unit_of[d]
-                if other != me:
-                    unit_deps[me].add(other)
-        first_of_tb = {}
-        for t in range(ntb):
-            if tb_units[t]:
-                first_of_tb[t] = tb_units[t][0]
-        for (role, seg), t in tb_id.items():
-            if seg > 0 and (role, seg - 1) in tb_id:
-                prev_units = tb_units[tb_id[(role, seg - 1)]]
-                if prev_units and tb_units[t]:
-                    unit_deps[unit_of[tb_units[t][0].ops[0]]].add(unit_of[prev_units[-1].ops[0]])
+        tb_of_op = [role_tbs[op.role][g] for op, g in zip(ops, per_rank_segs[index])]
+        units, unit_of, tb_units = _fuse(ops, tb_of_op, ntb)
+        unit_deps = _unit_dependencies(units, unit_of, raw[index], tb_units, chains)
         pruned = _prune(units, unit_deps, tb_units, ntb)
-        # steps
-        tb_steps: list[list[Step]] = []
-        step_index: dict[int, int] = {}
-        hasdep: set[int] = set()
-        for deps in pruned:
-            hasdep.update(deps)
-        nops = [0] * len(ops)
-        layout: list[list[tuple[int, list[int]]]] = []
-        for t in range(ntb):
-            seq: list[tuple[int, list[int]]] = []
-            pos = 0
-            for u in tb_units[t]:
-                ui = unit_of[u.ops[0]]
-                deps = pruned[ui]
-                pos += max(0, len(deps) - 1)
-                step_index[ui] = pos
-                seq.append((ui, deps))
-                nops[u.ops[0]] = max(0, len(deps) - 1)
-                pos += 1
-            layout.append(seq)
+        tb_steps, nops = _steps(units, tb_units, pruned, slot_offset, len(ops))
         nops_per_op.append(nops)
-        for t in range(ntb):
-            steps: list[Step] = []
-            for ui, deps in layout[t]:
-                u = units[ui]
-                targets = sorted(deps, key=lambda d: (units[d].tb, step_index[d]))
-                for d in targets[:-1]:
-                    steps.append(Step(len(steps), "nop", "i", -1, "o", -1, 0, units[d].tb, step_index[d], False))
-                depid, dstep = (units[targets[-1]].tb, step_index[targets[-1]]) if targets else (-1, -1)
-                srcbuf, srcoff = ("i", -1) if u.src is None or u.type == "rcs" else (u.src[0], slot_offset(*u.src))
-                dstbuf, dstoff = ("o", -1) if u.dst is None or u.type == "s" else (u.dst[0], slot_offset(*u.dst))
-                steps.append(Step(len(steps), u.type, srcbuf, srcoff, dstbuf, dstoff, u.cnt, depid, dstep, ui in hasdep))
-            tb_steps.append(steps)
+        for t, steps in enumerate(tb_steps):
             if len(steps) > limits.max_steps:
-                role, _seg = tb_keys[t]
-                key = (gen.roles[role].axis, gen.roles[role].lane)
+                role = gen.roles[tb_keys[t][0]]
+                key = (role.axis, role.lane)
                 overflow[key] = max(overflow.get(key, 0), len(steps) - limits.max_steps)
         tbs = []
         for t, (role_idx, seg) in enumerate(tb_keys):
@@ -783,7 +701,7 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
             axis = gen.axes[role.axis] if role.axis >= 0 else None
             send, recv = role.peers(axis, rank)
             chan = channel_base[(role.axis, role.lane)] + seg if role.axis >= 0 else 0
-            tbs.append(Threadblock(t, send, recv, chan, tuple(tb_steps[t])))
+            tbs.append(Threadblock(t, send, recv, chan, tb_steps[t]))
         s_used = max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
                       if loc is not None and loc[0] == "s"), default=0)
         if s_used > limits.max_offset + 1:
@@ -803,73 +721,202 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
     return program, overflow, nops_per_op
 
 
+def _channels(cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> tuple[dict[tuple[int, int], int], int]:
+    """The first channel of every (axis, lane) (its segments take successive channels; lanes
+    of one axis follow each other) and the number of channels."""
+    segs_of = {key: len(c) + 1 for key, c in cuts.items()}
+    channel_base: dict[tuple[int, int], int] = {}
+    by_axis: dict[int, list[int]] = defaultdict(list)
+    for axis, lane in sorted(segs_of):
+        by_axis[axis].append(lane)
+    nchannels = 1
+    for axis, lanes in by_axis.items():
+        base = 0
+        for lane in sorted(lanes):
+            channel_base[(axis, lane)] = base
+            base += segs_of[(axis, lane)]
+        nchannels = max(nchannels, base)
+    return channel_base, nchannels
+
+
+def _segments(ops: list[_Op], role_cuts: list[list[tuple[int, int, int]]]) -> list[int]:
+    """Each op's segment of its role: how many of the role's cuts are at or before its tick."""
+    out = []
+    for op in ops:
+        c = role_cuts[op.role]
+        out.append(bisect_right(c, op.tick) if c else 0)
+    return out
+
+
+def _fuse(ops: list[_Op], tb_of_op: list[int], ntb: int) -> tuple[list[_Unit], list[int], list[list[_Unit]]]:
+    """Units (steps-to-be) in op order, each op's unit, and every threadblock's units in order:
+    a send that forwards what the receive just before it in its threadblock got (same data)
+    fuses with it into one step."""
+    tb_units: list[list[_Unit]] = [[] for _ in range(ntb)]
+    unit_of = [0] * len(ops)
+    units: list[_Unit] = []
+    for idx, op in enumerate(ops):
+        t = tb_of_op[idx]
+        lst = tb_units[t]
+        if lst and op.type == "s":
+            prev = lst[-1]
+            if len(prev.ops) == 1:
+                pop = ops[prev.ops[0]]
+                if pop.fuse and pop.dst == op.src and pop.cnt == op.cnt:
+                    prev.ops.append(idx)
+                    prev.type = {"rrc": "rrs" if pop.dead else "rrcs", "r": "rcs"}[pop.type]
+                    if prev.type == "rrs":
+                        prev.dst = None
+                    unit_of[idx] = prev.index
+                    continue
+        u = _Unit(len(units), [idx], t, len(lst), op.type, op.src, op.dst, op.cnt)
+        unit_of[idx] = u.index
+        units.append(u)
+        lst.append(u)
+    return units, unit_of, tb_units
+
+
+def _unit_dependencies(units: list[_Unit], unit_of: list[int], raw: list[list[int]], tb_units: list[list[_Unit]],
+                       chains: list[tuple[int, int]]) -> list[set[int]]:
+    """Each unit's dependencies on other units: its ops' raw dependencies, and a role's
+    segment on the end of its previous segment."""
+    unit_deps: list[set[int]] = [set() for _ in units]
+    for idx, deps in enumerate(raw):
+        if deps:
+            me = unit_of[idx]
+            found = unit_deps[me]
+            found.update([unit_of[d] for d in deps])
+            found.discard(me)
+    for t, prev in chains:
+        if tb_units[prev] and tb_units[t]:
+            unit_deps[tb_units[t][0].index].add(tb_units[prev][-1].index)
+    return unit_deps
+
+
+def _steps(units: list[_Unit], tb_units: list[list[_Unit]], pruned: list[list[int]],
+           slot_offset: Callable[[str, int], int], nops_total: int) -> tuple[list[tuple[Step, ...]], list[int]]:
+    """Every threadblock's steps, and per op the nops placed before its step (a step names
+    one dependency; the others go to nops just before it)."""
+    step_of = [0] * len(units)
+    nops = [0] * nops_total
+    hasdep: set[int] = set()
+    for deps in pruned:
+        hasdep.update(deps)
+    for lst in tb_units:
+        pos = 0
+        for u in lst:
+            extra = len(pruned[u.index]) - 1
+            if extra > 0:
+                pos += extra
+                nops[u.ops[0]] = extra
+            step_of[u.index] = pos
+            pos += 1
+    tb_of = [u.tb for u in units]
+    out: list[tuple[Step, ...]] = []
+    for lst in tb_units:
+        steps: list[Step] = []
+        for u in lst:
+            deps = pruned[u.index]
+            depid = dstep = -1
+            if deps:
+                targets = sorted(deps, key=lambda d: (tb_of[d], step_of[d])) if len(deps) > 1 else deps
+                for d in targets[:-1]:
+                    steps.append(Step(len(steps), "nop", "i", -1, "o", -1, 0, tb_of[d], step_of[d], False))
+                depid, dstep = tb_of[targets[-1]], step_of[targets[-1]]
+            srcbuf, srcoff = ("i", -1) if u.src is None or u.type == "rcs" else (u.src[0], slot_offset(*u.src))
+            dstbuf, dstoff = ("o", -1) if u.dst is None or u.type == "s" else (u.dst[0], slot_offset(*u.dst))
+            steps.append(Step(len(steps), u.type, srcbuf, srcoff, dstbuf, dstoff, u.cnt, depid, dstep, u.index in hasdep))
+        out.append(tuple(steps))
+    return out, nops
+
+
 def _prune(units: list[_Unit], unit_deps: list[set[int]], tb_units: list[list[_Unit]], ntb: int) -> list[list[int]]:
     """Drop dependencies already implied by threadblock order or by other dependencies.
 
-    Vector clocks: vc[u][t] is the highest position of threadblock t known complete before
-    unit u starts. Units are visited in a topological order of the dependency graph.
+    Vector clocks: the clock of unit u holds, per threadblock t, the highest position of t
+    known complete once u is (u's ancestors and u). A dependency stays unless the unit
+    before u in its threadblock, or another dependency of u, implies it. Units are visited
+    in a topological order of the dependency graph.
+
+    Only a unit that keeps a dependency gets a clock row of its own; the others share the
+    row of the unit before them in their threadblock, so a row may lag in its owner's own
+    threadblock: that entry is read as the owner's position instead (`known`).
     """
     n = len(units)
-    index_in_tb: dict[int, int] = {}
-    unit_index = {id(u): i for i, u in enumerate(units)}
+    tb_of = [u.tb for u in units]
+    pos_of = [u.pos for u in units]
     prev_in_tb = [-1] * n
-    for t in range(ntb):
+    for lst in tb_units:
         prev = -1
-        for u in tb_units[t]:
-            ui = unit_index[id(u)]
-            prev_in_tb[ui] = prev
-            prev = ui
-    # topological order (Kahn) over tb order and dependencies
+        for u in lst:
+            prev_in_tb[u.index] = prev
+            prev = u.index
+    result: list[list[int]] = [[] for _ in range(n)]
+    order = _topological_order(unit_deps, prev_in_tb)
+    rows = np.full((1 + sum(1 for deps in unit_deps if deps), ntb), -1, dtype=np.int64)  # row 0: nothing known
+    row_of = [0] * n
+    nrows = 1
+
+    def implied(d: int, others: list[int]) -> bool:
+        """Whether another of the candidates `others` implies dependency d."""
+        t, p = tb_of[d], pos_of[d]
+        return any(o != d and (pos_of[o] if tb_of[o] == t else rows[row_of[o], t]) >= p for o in others)
+
+    for ui in order:
+        deps = unit_deps[ui]
+        prev = prev_in_tb[ui]
+        base = row_of[prev] if prev >= 0 else 0
+        row_of[ui] = base
+        if not deps:
+            continue
+        t = tb_of[ui]
+        cands = [d for d in deps if tb_of[d] != t]
+        final = [d for d in cands if rows[base, tb_of[d]] < pos_of[d]]
+        if len(cands) > 1:
+            final = [d for d in final if not implied(d, cands)]
+        if final:
+            # the rows may lag in their owners' threadblocks: those entries are set exactly
+            # (a final dependency is the latest known unit of its threadblock)
+            row = rows[nrows]
+            np.maximum(rows[base], rows[row_of[final[0]]], out=row)
+            for d in final[1:]:
+                np.maximum(row, rows[row_of[d]], out=row)
+            for d in final:
+                row[tb_of[d]] = pos_of[d]
+            row[t] = pos_of[ui]
+            row_of[ui] = nrows
+            nrows += 1
+            result[ui] = final
+    return result
+
+
+def _topological_order(unit_deps: list[set[int]], prev_in_tb: list[int]) -> Sequence[int]:
+    """Units in an order where each comes after its dependencies and its threadblock
+    predecessor; PlanError on a cycle.
+
+    Units are numbered in op order, which nearly always is such an order already (a fused
+    send's data comes from its own receive); otherwise Kahn's algorithm finds one."""
+    n = len(unit_deps)
+    if all(not deps or max(deps) < ui for ui, deps in enumerate(unit_deps)):
+        return range(n)  # type: ignore[return-value]  (predecessors in a threadblock come first)
     indeg = [0] * n
     succ: list[list[int]] = [[] for _ in range(n)]
     for ui in range(n):
-        preds = set(unit_deps[ui])
-        if prev_in_tb[ui] >= 0:
-            preds.add(prev_in_tb[ui])
-        for p in preds:
+        deps = unit_deps[ui]
+        for p in deps:
             succ[p].append(ui)
-        indeg[ui] = len(preds)
+        k = len(deps)
+        prev = prev_in_tb[ui]
+        if prev >= 0 and prev not in deps:
+            succ[prev].append(ui)
+            k += 1
+        indeg[ui] = k
     order = [ui for ui in range(n) if indeg[ui] == 0]
-    head = 0
-    while head < len(order):
-        ui = order[head]
-        head += 1
+    for ui in order:  # grows while it is walked
         for s in succ[ui]:
             indeg[s] -= 1
             if indeg[s] == 0:
                 order.append(s)
     if len(order) != n:
         raise PlanError("internal error: the lowered program has a dependency cycle")
-    vc_after = np.full((n, ntb), -1, dtype=np.int64)
-    result: list[list[int]] = [[] for _ in range(n)]
-    for ui in order:
-        u = units[ui]
-        prev = prev_in_tb[ui]
-        base = vc_after[prev].copy() if prev >= 0 else np.full(ntb, -1, dtype=np.int64)
-        cands = [d for d in unit_deps[ui] if units[d].tb != u.tb]
-        # strongest first: later positions imply more
-        cands.sort(key=lambda d: -units[d].pos)
-        chosen: list[int] = []
-        acc = base
-        for d in cands:
-            if acc[units[d].tb] >= units[d].pos:
-                continue
-            chosen.append(d)
-            acc = np.maximum(acc, vc_after[d])
-        # remove chosen deps implied by the others
-        final: list[int] = []
-        for d in chosen:
-            others = base.copy()
-            for o in chosen:
-                if o != d:
-                    others = np.maximum(others, vc_after[o])
-            if others[units[d].tb] < units[d].pos:
-                final.append(d)
-        acc = base
-        for d in final:
-            acc = np.maximum(acc, vc_after[d])
-        acc = acc.copy()
-        acc[u.tb] = max(acc[u.tb], u.pos)
-        vc_after[ui] = acc
-        result[ui] = final
-    return result
+    return order

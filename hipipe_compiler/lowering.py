@@ -21,12 +21,14 @@ The passes, in order:
 
 from __future__ import annotations
 
+import gc
 import math
 from bisect import bisect_right
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -537,43 +539,63 @@ def _latest_reads(readers: list[dict[int, int] | None]) -> list[int]:
 def _segment_cuts(gen: _Generator, per_rank_ops: list[list[_Op]], budgets: dict[tuple[int, int], int],
                   extra_steps: list[list[int]]) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
     """For each (axis, lane): the ticks at which a new threadblock segment starts."""
-    groups: dict[tuple[int, int], dict[tuple[int, int, int], dict[tuple[int, int], int]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(int)))
-    for rank, ops in enumerate(per_rank_ops):
-        prev_fuse: dict[int, bool] = {}
-        for idx, op in enumerate(ops):
-            role = gen.roles[op.role]
-            if role.axis < 0:
-                continue
-            steps = 1 + extra_steps[rank][idx]
-            if op.type == "s" and prev_fuse.get(op.role):
-                steps = extra_steps[rank][idx]  # fuses with the receive before it
-            prev_fuse[op.role] = op.fuse
-            groups[(role.axis, role.lane)][op.tick][(rank, op.role)] += steps
     cuts: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    for key, ticks in groups.items():
-        budget = budgets.get(key, gen.limits.max_steps)
-        order = sorted(ticks)
-        acc: dict[tuple[int, int], int] = defaultdict(int)
-        seg_start = order[0]
-        last_event_start = order[0]
-        out: list[tuple[int, int, int]] = []
-        for t in order:
-            if t[0] != last_event_start[0]:
-                last_event_start = t
-            counts = ticks[t]
-            if any(acc[rr] + c > budget for rr, c in counts.items()) and t != seg_start:
-                cut = last_event_start if last_event_start > seg_start and last_event_start <= t else t
-                out.append(cut)
-                seg_start = cut
-                acc = defaultdict(int)
-                for t2 in order:
-                    if cut <= t2 < t:
-                        for rr, c in ticks[t2].items():
-                            acc[rr] += c
-            for rr, c in counts.items():
-                acc[rr] += c
-        cuts[key] = out
+    for key, ticks in _steps_per_tick(gen, per_rank_ops, extra_steps).items():
+        cuts[key] = _cuts_within(ticks, budgets.get(key, gen.limits.max_steps))
     return cuts
+
+
+def _steps_per_tick(gen: _Generator, per_rank_ops: list[list[_Op]], extra_steps: list[list[int]]
+                    ) -> dict[tuple[int, int], dict[tuple[int, int, int], dict[int, int]]]:
+    """Per (axis, lane), per tick: the steps each (rank, role) spends there (keyed by
+    rank * nroles + role). A send after a role's fusing receive costs only its nops."""
+    nroles = len(gen.roles)
+    group_of = [(role.axis, role.lane) if role.axis >= 0 else None for role in gen.roles]
+    groups: dict[tuple[int, int], dict[tuple[int, int, int], dict[int, int]]] = {}
+    for rank, ops in enumerate(per_rank_ops):
+        extra = extra_steps[rank]
+        prev_fuse = [False] * nroles
+        for idx, op in enumerate(ops):
+            role = op.role
+            key = group_of[role]
+            if key is None:
+                continue
+            steps = extra[idx] if op.type == "s" and prev_fuse[role] else 1 + extra[idx]
+            prev_fuse[role] = op.fuse
+            ticks = groups.get(key)
+            if ticks is None:
+                ticks = groups[key] = {}
+            counts = ticks.get(op.tick)
+            if counts is None:
+                counts = ticks[op.tick] = {}
+            who = rank * nroles + role
+            counts[who] = counts.get(who, 0) + steps
+    return groups
+
+
+def _cuts_within(ticks: dict[tuple[int, int, int], dict[int, int]], budget: int) -> list[tuple[int, int, int]]:
+    """Cut an (axis, lane)'s ticks into segments in which no (rank, role) spends more than
+    `budget` steps; a cut goes at the start of the event in progress if that is inside the
+    segment, else at the tick that overflows."""
+    order = sorted(ticks)
+    acc: dict[int, int] = {}
+    seg = 0  # index in order of the segment's first tick
+    event = 0  # index of the first tick of the current event
+    out: list[tuple[int, int, int]] = []
+    for i, t in enumerate(order):
+        if t[0] != order[event][0]:
+            event = i
+        counts = ticks[t]
+        if i != seg and any(acc.get(who, 0) + c > budget for who, c in counts.items()):
+            seg = event if event > seg else i
+            out.append(order[seg])
+            acc = {}
+            for t2 in order[seg:i]:
+                for who, c in ticks[t2].items():
+                    acc[who] = acc.get(who, 0) + c
+        for who, c in counts.items():
+            acc[who] = acc.get(who, 0) + c
+    return out
 
 
 # -- emission ---------------------------------------------------------------------------------
@@ -606,6 +628,30 @@ def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = N
     With `ranks`, only those ranks' gpus are built (a partial program for estimates, such as
     simulate(..., quotient=True) on rank 0; never written out).
     """
+    with _collector_paused():
+        return _lower(plan, limits, ranks)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the duration (unless already paused).
+
+    Lowering allocates millions of small objects (ops, units, steps) that all stay alive
+    until it returns; each collection meanwhile walks them and the caller's heap (the
+    optimizer's cached programs) and frees nothing. That was a third of lowering's time.
+    The few cycles lowering leaves (the cell cache) are collected after it returns."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
+    """lower() with the collector paused."""
     check_plan(plan)
     if plan.nchunksperloop > limits.max_offset + 1:
         raise PlanError(
@@ -685,10 +731,9 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
         ops = per_rank_ops[index]
         slot_offset = _slot_mapper(plan, rank)[1]
         tb_of_op = [role_tbs[op.role][g] for op, g in zip(ops, per_rank_segs[index])]
-        units, unit_of, tb_units = _fuse(ops, tb_of_op, ntb)
-        unit_deps = _unit_dependencies(units, unit_of, raw[index], tb_units, chains)
-        pruned = _prune(units, unit_deps, tb_units, ntb)
-        tb_steps, nops = _steps(units, tb_units, pruned, slot_offset, len(ops))
+        graph = _unit_graph(ops, tb_of_op, raw[index], ntb, chains)
+        pruned = _prune(graph, ntb)
+        tb_steps, nops = _steps(graph, pruned, slot_offset, len(ops))
         nops_per_op.append(nops)
         for t, steps in enumerate(tb_steps):
             if len(steps) > limits.max_steps:
@@ -748,16 +793,35 @@ def _segments(ops: list[_Op], role_cuts: list[list[tuple[int, int, int]]]) -> li
     return out
 
 
-def _fuse(ops: list[_Op], tb_of_op: list[int], ntb: int) -> tuple[list[_Unit], list[int], list[list[_Unit]]]:
-    """Units (steps-to-be) in op order, each op's unit, and every threadblock's units in order:
-    a send that forwards what the receive just before it in its threadblock got (same data)
-    fuses with it into one step."""
+@dataclass(slots=True)
+class _Graph:
+    """One rank's units and the dependencies between them (by unit index)."""
+
+    units: list[_Unit]
+    tb_units: list[list[_Unit]]  # per threadblock, in order
+    deps: list[set[int]]  # per unit: the units it waits for
+    prev_in_tb: list[int]  # per unit: the unit before it in its threadblock, or -1
+    forward: bool  # every unit comes after those it waits for (unit order is topological)
+
+
+def _unit_graph(ops: list[_Op], tb_of_op: list[int], raw: list[list[int]], ntb: int,
+                chains: list[tuple[int, int]]) -> _Graph:
+    """Group a rank's ops into units, in op order, and collect their dependencies.
+
+    A send that forwards what the receive just before it in its threadblock got (same
+    data) fuses with it into one step. A unit waits for the units of its ops' raw
+    dependencies, and the first unit of a role's segment for the last of the segment
+    before (`chains`: (threadblock, previous segment's threadblock))."""
     tb_units: list[list[_Unit]] = [[] for _ in range(ntb)]
     unit_of = [0] * len(ops)
     units: list[_Unit] = []
+    deps: list[set[int]] = []
+    prev_in_tb: list[int] = []
+    forward = True
     for idx, op in enumerate(ops):
         t = tb_of_op[idx]
         lst = tb_units[t]
+        me = -1
         if lst and op.type == "s":
             prev = lst[-1]
             if len(prev.ops) == 1:
@@ -767,42 +831,44 @@ def _fuse(ops: list[_Op], tb_of_op: list[int], ntb: int) -> tuple[list[_Unit], l
                     prev.type = {"rrc": "rrs" if pop.dead else "rrcs", "r": "rcs"}[pop.type]
                     if prev.type == "rrs":
                         prev.dst = None
-                    unit_of[idx] = prev.index
-                    continue
-        u = _Unit(len(units), [idx], t, len(lst), op.type, op.src, op.dst, op.cnt)
-        unit_of[idx] = u.index
-        units.append(u)
-        lst.append(u)
-    return units, unit_of, tb_units
+                    me = prev.index
+        if me < 0:
+            me = len(units)
+            u = _Unit(me, [idx], t, len(lst), op.type, op.src, op.dst, op.cnt)
+            units.append(u)
+            deps.append(set())
+            prev_in_tb.append(lst[-1].index if lst else -1)
+            lst.append(u)
+        unit_of[idx] = me
+        op_deps = raw[idx]
+        if op_deps:
+            found = deps[me]
+            for d in op_deps:
+                other = unit_of[d]
+                if other != me:
+                    found.add(other)
+                    if other > me:
+                        forward = False
+    for t, prev_t in chains:
+        if tb_units[prev_t] and tb_units[t]:
+            first, last = tb_units[t][0].index, tb_units[prev_t][-1].index
+            deps[first].add(last)
+            if last > first:
+                forward = False
+    return _Graph(units, tb_units, deps, prev_in_tb, forward)
 
 
-def _unit_dependencies(units: list[_Unit], unit_of: list[int], raw: list[list[int]], tb_units: list[list[_Unit]],
-                       chains: list[tuple[int, int]]) -> list[set[int]]:
-    """Each unit's dependencies on other units: its ops' raw dependencies, and a role's
-    segment on the end of its previous segment."""
-    unit_deps: list[set[int]] = [set() for _ in units]
-    for idx, deps in enumerate(raw):
-        if deps:
-            me = unit_of[idx]
-            found = unit_deps[me]
-            found.update([unit_of[d] for d in deps])
-            found.discard(me)
-    for t, prev in chains:
-        if tb_units[prev] and tb_units[t]:
-            unit_deps[tb_units[t][0].index].add(tb_units[prev][-1].index)
-    return unit_deps
-
-
-def _steps(units: list[_Unit], tb_units: list[list[_Unit]], pruned: list[list[int]],
-           slot_offset: Callable[[str, int], int], nops_total: int) -> tuple[list[tuple[Step, ...]], list[int]]:
+def _steps(graph: _Graph, pruned: list[list[int]], slot_offset: Callable[[str, int], int],
+           nops_total: int) -> tuple[list[tuple[Step, ...]], list[int]]:
     """Every threadblock's steps, and per op the nops placed before its step (a step names
     one dependency; the others go to nops just before it)."""
+    units = graph.units
     step_of = [0] * len(units)
     nops = [0] * nops_total
     hasdep: set[int] = set()
     for deps in pruned:
         hasdep.update(deps)
-    for lst in tb_units:
+    for lst in graph.tb_units:
         pos = 0
         for u in lst:
             extra = len(pruned[u.index]) - 1
@@ -813,7 +879,7 @@ def _steps(units: list[_Unit], tb_units: list[list[_Unit]], pruned: list[list[in
             pos += 1
     tb_of = [u.tb for u in units]
     out: list[tuple[Step, ...]] = []
-    for lst in tb_units:
+    for lst in graph.tb_units:
         steps: list[Step] = []
         for u in lst:
             deps = pruned[u.index]
@@ -830,7 +896,7 @@ def _steps(units: list[_Unit], tb_units: list[list[_Unit]], pruned: list[list[in
     return out, nops
 
 
-def _prune(units: list[_Unit], unit_deps: list[set[int]], tb_units: list[list[_Unit]], ntb: int) -> list[list[int]]:
+def _prune(graph: _Graph, ntb: int) -> list[list[int]]:
     """Drop dependencies already implied by threadblock order or by other dependencies.
 
     Vector clocks: the clock of unit u holds, per threadblock t, the highest position of t
@@ -838,67 +904,58 @@ def _prune(units: list[_Unit], unit_deps: list[set[int]], tb_units: list[list[_U
     before u in its threadblock, or another dependency of u, implies it. Units are visited
     in a topological order of the dependency graph.
 
-    Only a unit that keeps a dependency gets a clock row of its own; the others share the
-    row of the unit before them in their threadblock, so a row may lag in its owner's own
-    threadblock: that entry is read as the owner's position instead (`known`).
+    Only a unit that keeps a dependency gets a clock of its own; the others share the
+    clock of the unit before them in their threadblock, so a clock may lag in its owner's
+    own threadblock: that entry is read as the owner's position instead (`_implied`).
     """
+    units, unit_deps, prev_in_tb = graph.units, graph.deps, graph.prev_in_tb
     n = len(units)
     tb_of = [u.tb for u in units]
     pos_of = [u.pos for u in units]
-    prev_in_tb = [-1] * n
-    for lst in tb_units:
-        prev = -1
-        for u in lst:
-            prev_in_tb[u.index] = prev
-            prev = u.index
     result: list[list[int]] = [[] for _ in range(n)]
-    order = _topological_order(unit_deps, prev_in_tb)
-    rows = np.full((1 + sum(1 for deps in unit_deps if deps), ntb), -1, dtype=np.int64)  # row 0: nothing known
-    row_of = [0] * n
-    nrows = 1
-
-    def implied(d: int, others: list[int]) -> bool:
-        """Whether another of the candidates `others` implies dependency d."""
-        t, p = tb_of[d], pos_of[d]
-        return any(o != d and (pos_of[o] if tb_of[o] == t else rows[row_of[o], t]) >= p for o in others)
-
+    order = range(n) if graph.forward else _topological_order(unit_deps, prev_in_tb)
+    nothing = np.full(ntb, -1, dtype=np.int64)
+    clock = [nothing] * n
     for ui in order:
         deps = unit_deps[ui]
         prev = prev_in_tb[ui]
-        base = row_of[prev] if prev >= 0 else 0
-        row_of[ui] = base
+        known = clock[prev] if prev >= 0 else nothing
+        clock[ui] = known
         if not deps:
             continue
         t = tb_of[ui]
-        cands = [d for d in deps if tb_of[d] != t]
-        final = [d for d in cands if rows[base, tb_of[d]] < pos_of[d]]
-        if len(cands) > 1:
-            final = [d for d in final if not implied(d, cands)]
+        final = [d for d in deps if tb_of[d] != t and known[tb_of[d]] < pos_of[d]]
+        if len(final) > 1 or (final and len(deps) > 1):
+            final = [d for d in final if not _implied(d, deps, t, tb_of, pos_of, clock)]
         if final:
-            # the rows may lag in their owners' threadblocks: those entries are set exactly
+            # the clocks may lag in their owners' threadblocks: those entries are set exactly
             # (a final dependency is the latest known unit of its threadblock)
-            row = rows[nrows]
-            np.maximum(rows[base], rows[row_of[final[0]]], out=row)
+            row = np.maximum(known, clock[final[0]])
             for d in final[1:]:
-                np.maximum(row, rows[row_of[d]], out=row)
+                np.maximum(row, clock[d], out=row)
             for d in final:
                 row[tb_of[d]] = pos_of[d]
             row[t] = pos_of[ui]
-            row_of[ui] = nrows
-            nrows += 1
+            clock[ui] = row
             result[ui] = final
     return result
 
 
-def _topological_order(unit_deps: list[set[int]], prev_in_tb: list[int]) -> Sequence[int]:
-    """Units in an order where each comes after its dependencies and its threadblock
-    predecessor; PlanError on a cycle.
+def _implied(d: int, deps: set[int], t: int, tb_of: list[int], pos_of: list[int], clock: list[np.ndarray]) -> bool:
+    """Whether another dependency (outside threadblock t) of a unit in t implies dependency d."""
+    td, pd = tb_of[d], pos_of[d]
+    for o in deps:
+        if o != d:
+            to = tb_of[o]
+            if to != t and (pos_of[o] if to == td else clock[o][td]) >= pd:
+                return True
+    return False
 
-    Units are numbered in op order, which nearly always is such an order already (a fused
-    send's data comes from its own receive); otherwise Kahn's algorithm finds one."""
+
+def _topological_order(unit_deps: list[set[int]], prev_in_tb: list[int]) -> list[int]:
+    """Units in an order where each comes after its dependencies and its threadblock
+    predecessor (Kahn); PlanError on a cycle."""
     n = len(unit_deps)
-    if all(not deps or max(deps) < ui for ui, deps in enumerate(unit_deps)):
-        return range(n)  # type: ignore[return-value]  (predecessors in a threadblock come first)
     indeg = [0] * n
     succ: list[list[int]] = [[] for _ in range(n)]
     for ui in range(n):

@@ -459,24 +459,23 @@ def _raw_dependencies(plan: Plan, ops: list[_Op], nroles: int) -> list[list[int]
     no op's range splits (every op covers a run whole or not at all, so all slots of a run
     share their history): an op then touches one or two runs, not dozens of slots.
     """
-    nslots = plan.nchunksperloop + max(
-        (loc[1] + op.cnt for op in ops for loc in (op.src, op.dst) if loc is not None and loc[0] == "s"), default=0)
-    reads, writes = _slot_ranges(plan, ops, nslots)
-    nruns = max((hi for _lo, hi in (*reads, *writes) if hi >= 0), default=0)
-    writer = [-1] * nruns  # last op that wrote each run
-    readers: list[dict[int, int] | None] = [None] * nruns  # per run: role -> its last op reading it since
+    reads, writes, bounds = _slot_ranges(plan, ops)
+    run_of = {b: i for i, b in enumerate(sorted(bounds))}
+    writer = [-1] * len(run_of)  # last op that wrote each run
+    readers: list[dict[int, int] | None] = [None] * len(run_of)  # per run: role -> its last op reading it since
     deps: list[list[int]] = []
     for idx, op in enumerate(ops):
         found: set[int] = set()
-        ra, rb = reads[idx]
-        wa, wb = writes[idx]
-        if ra < rb:
+        read, write = reads[idx], writes[idx]
+        if read is not None:
+            ra, rb = run_of[read[0]], run_of[read[1]]
             found.update(writer[ra:rb])
-        if wa < wb:
+        if write is not None:
+            wa, wb = run_of[write[0]], run_of[write[1]]
             found.update(writer[wa:wb])  # (re also reads its dst: the same writer)
             found.update(_latest_reads(readers[wa:wb]))
         found.discard(-1)
-        if ra < rb:
+        if read is not None:
             role = op.role
             for a in range(ra, rb):
                 seen = readers[a]
@@ -484,21 +483,21 @@ def _raw_dependencies(plan: Plan, ops: list[_Op], nroles: int) -> list[list[int]
                     readers[a] = {role: idx}
                 else:
                     seen[role] = idx
-        if wa < wb:
+        if write is not None:
             writer[wa:wb] = [idx] * (wb - wa)
             readers[wa:wb] = [None] * (wb - wa)
         deps.append(sorted(found))
     return deps
 
 
-def _slot_ranges(plan: Plan, ops: list[_Op], nslots: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """Per op, the runs [lo, hi) of slots it reads and writes (empty: (0, 0)).
+def _slot_ranges(plan: Plan, ops: list[_Op]) -> tuple[list[tuple[int, int] | None], list[tuple[int, int] | None], set[int]]:
+    """Per op, the slots [a, b) it reads and writes (None: none), and every range's ends.
 
-    Runs are the pieces into which every op's slot range boundaries cut 0..nslots; slots
-    past nslots are ignored (as the slot table ends there)."""
+    The slot table holds i/o (one slot per chunk) and then scratch as far as any op uses
+    it; slots past its end are ignored."""
     nch = plan.nchunksperloop
-    raw_reads: list[tuple[int, int] | None] = []
-    raw_writes: list[tuple[int, int] | None] = []
+    nslots = nch + max((loc[1] + op.cnt for op in ops for loc in (op.src, op.dst) if loc is not None and loc[0] == "s"),
+                       default=0)
     bounds = {0, nslots}
 
     def slots(loc: tuple[str, int], cnt: int) -> tuple[int, int] | None:
@@ -510,14 +509,9 @@ def _slot_ranges(plan: Plan, ops: list[_Op], nslots: int) -> tuple[list[tuple[in
         bounds.add(b)
         return a, b
 
-    for op in ops:
-        kind = op.type
-        raw_reads.append(slots(op.src, op.cnt) if kind in _READS else None)  # type: ignore[arg-type]
-        raw_writes.append(slots(op.dst, op.cnt) if kind in _WRITES else None)  # type: ignore[arg-type]
-    run_of = {b: i for i, b in enumerate(sorted(bounds))}
-    empty = (0, 0)
-    return ([empty if r is None else (run_of[r[0]], run_of[r[1]]) for r in raw_reads],
-            [empty if w is None else (run_of[w[0]], run_of[w[1]]) for w in raw_writes])
+    reads = [slots(op.src, op.cnt) if op.type in _READS else None for op in ops]  # type: ignore[arg-type]
+    writes = [slots(op.dst, op.cnt) if op.type in _WRITES else None for op in ops]  # type: ignore[arg-type]
+    return reads, writes, bounds
 
 
 def _latest_reads(readers: list[dict[int, int] | None]) -> list[int]:
@@ -666,15 +660,18 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
     # Segment with rank 0 alone first (cheap), then emit every rank with those budgets; ranks
     # whose dependencies need a few more nops make another round.
     budgets: dict[tuple[int, int], int] = {}
+    first: list[tuple[Any, _Layout]] = []  # the first rank's last layout and its cuts: emit reuses it
     probe = ([chosen[0]], per_rank_ops[:1], raw[:1])
     extra = [[0] * len(per_rank_ops[0])]
     for phase in ("probe", "all"):
         ranks_, ops_, raw_ = probe if phase == "probe" else (chosen, per_rank_ops, raw)
         if phase == "all":
             extra = [list(extra[0]) if len(ops) == len(extra[0]) else [0] * len(ops) for ops in per_rank_ops]
+        # the probe's program is only kept when it is the whole answer
+        build = phase == "all" or len(chosen) == 1
         for _attempt in range(12):
             cuts = _segment_cuts(gen, ops_, budgets, extra)
-            program, overflow, nops = _emit(plan, gen, ranks_, ops_, raw_, cuts, limits)
+            program, overflow, nops = _emit(plan, gen, ranks_, ops_, raw_, cuts, limits, build, first)
             if not overflow:
                 break
             extra = nops
@@ -686,14 +683,21 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
         else:
             raise PlanError("could not fit the plan into the step limit after repeated segmentation")
         if len(chosen) == 1:
-            return program
+            break
+    assert program is not None
     return program
 
 
 def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[_Op]], raw: list[list[list[int]]],
-          cuts: dict[tuple[int, int], list[tuple[int, int, int]]], limits: Limits
-          ) -> tuple[Program, dict[tuple[int, int], int], list[list[int]]]:
-    """Build the Program for given segment cuts; report step-limit overflow per (axis, lane)."""
+          cuts: dict[tuple[int, int], list[tuple[int, int, int]]], limits: Limits, build: bool = True,
+          first: list[tuple[Any, _Layout]] | None = None) -> tuple[Program | None, dict[tuple[int, int], int], list[list[int]]]:
+    """Lay out every rank's steps for given segment cuts; report step-limit overflow per
+    (axis, lane) and the nops before each op's step. The Program is built only with `build`
+    and when nothing overflows (lower() discards it otherwise).
+
+    `first` holds the first rank's layout for the cuts it was made with: it is reused when
+    the cuts are the same (the probe's last round is often the full round's first), and
+    replaced by this call's."""
     topo = plan.topology
     nranks = topo.nranks
     channel_base, nchannels = _channels(cuts)
@@ -723,23 +727,43 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
     chains = [(t, role_tbs[role][seg - 1]) for t, (role, seg) in enumerate(tb_keys)
               if seg > 0 and seg - 1 in role_tbs[role]]
 
-    bufs = buffer_chunks(plan.collective, nranks, plan.nchunksperloop)
-    gpus: list[Gpu] = []
     overflow: dict[tuple[int, int], int] = {}
-    nops_per_op: list[list[int]] = []
+    layouts: list[_Layout] = []
     for index, rank in enumerate(ranks):
         ops = per_rank_ops[index]
         slot_offset = _slot_mapper(plan, rank)[1]
-        tb_of_op = [role_tbs[op.role][g] for op, g in zip(ops, per_rank_segs[index])]
-        graph = _unit_graph(ops, tb_of_op, raw[index], ntb, chains)
-        pruned = _prune(graph, ntb)
-        tb_steps, nops = _steps(graph, pruned, slot_offset, len(ops))
-        nops_per_op.append(nops)
-        for t, steps in enumerate(tb_steps):
-            if len(steps) > limits.max_steps:
+        if index == 0 and first and first[0][0] == cuts:
+            layout = first[0][1]
+        else:
+            tb_of_op = [role_tbs[op.role][g] for op, g in zip(ops, per_rank_segs[index])]
+            graph = _unit_graph(ops, tb_of_op, raw[index], ntb, chains)
+            layout = _layout(graph, _prune(graph, ntb), len(ops))
+            if index == 0 and first is not None:
+                first[:] = [(cuts, layout)]
+        layouts.append(layout)
+        for t, length in enumerate(layout.tb_steps):
+            if length > limits.max_steps:
                 role = gen.roles[tb_keys[t][0]]
                 key = (role.axis, role.lane)
-                overflow[key] = max(overflow.get(key, 0), len(steps) - limits.max_steps)
+                overflow[key] = max(overflow.get(key, 0), length - limits.max_steps)
+        layout.s_used = max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
+                             if loc is not None and loc[0] == "s"), default=0)
+        if layout.s_used > limits.max_offset + 1:
+            raise PlanError(f"the plan needs {layout.s_used} scratch chunks; offsets are stored as int16 by the runtime, "
+                            f"so at most {limits.max_offset + 1}; use fewer or smaller chunks")
+    nops_per_op = [layout.nops for layout in layouts]
+    nodes = 1 + nranks + max(ntb + sum(layout.tb_steps) for layout in layouts)
+    if nodes > limits.max_nodes and not overflow:
+        raise PlanError(
+            f"a rank's share of the XML has {nodes} nodes (algo + every gpu + its threadblocks and steps); "
+            f"the runtime's reader holds {limits.max_nodes}; use fewer chunks")
+    if overflow or not build:
+        return None, overflow, nops_per_op
+
+    bufs = buffer_chunks(plan.collective, nranks, plan.nchunksperloop)
+    gpus: list[Gpu] = []
+    for rank, layout in zip(ranks, layouts):
+        tb_steps = _steps(layout, _slot_mapper(plan, rank)[1])
         tbs = []
         for t, (role_idx, seg) in enumerate(tb_keys):
             role = gen.roles[role_idx]
@@ -747,17 +771,7 @@ def _emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list
             send, recv = role.peers(axis, rank)
             chan = channel_base[(role.axis, role.lane)] + seg if role.axis >= 0 else 0
             tbs.append(Threadblock(t, send, recv, chan, tb_steps[t]))
-        s_used = max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
-                      if loc is not None and loc[0] == "s"), default=0)
-        if s_used > limits.max_offset + 1:
-            raise PlanError(f"the plan needs {s_used} scratch chunks; offsets are stored as int16 by the runtime, "
-                            f"so at most {limits.max_offset + 1}; use fewer or smaller chunks")
-        gpus.append(Gpu(rank, bufs["i"], bufs["o"], s_used, tuple(tbs)))
-    nodes = 1 + nranks + max(len(g.threadblocks) + sum(len(tb.steps) for tb in g.threadblocks) for g in gpus)
-    if nodes > limits.max_nodes and not overflow:
-        raise PlanError(
-            f"a rank's share of the XML has {nodes} nodes (algo + every gpu + its threadblocks and steps); "
-            f"the runtime's reader holds {limits.max_nodes}; use fewer chunks")
+        gpus.append(Gpu(rank, bufs["i"], bufs["o"], layout.s_used, tuple(tbs)))
     program = Program(
         name=plan.name or f"{plan.collective}-{plan.topology.label}", collective=plan.collective,
         protocol=plan.protocol, nchannels=nchannels, nchunksperloop=plan.nchunksperloop, ngpus=nranks,
@@ -858,16 +872,23 @@ def _unit_graph(ops: list[_Op], tb_of_op: list[int], raw: list[list[int]], ntb: 
     return _Graph(units, tb_units, deps, prev_in_tb, forward)
 
 
-def _steps(graph: _Graph, pruned: list[list[int]], slot_offset: Callable[[str, int], int],
-           nops_total: int) -> tuple[list[tuple[Step, ...]], list[int]]:
-    """Every threadblock's steps, and per op the nops placed before its step (a step names
-    one dependency; the others go to nops just before it)."""
-    units = graph.units
-    step_of = [0] * len(units)
+@dataclass(slots=True)
+class _Layout:
+    """Where a rank's units land: their step positions (after the nops before them)."""
+
+    graph: _Graph
+    pruned: list[list[int]]  # per unit: the units it names (the last in its step, the others in nops)
+    step_of: list[int]  # per unit: its step's position in its threadblock
+    nops: list[int]  # per op: the nops before its unit's step (0 for a fused send)
+    tb_steps: list[int]  # steps per threadblock
+    s_used: int = 0  # scratch chunks used
+
+
+def _layout(graph: _Graph, pruned: list[list[int]], nops_total: int) -> _Layout:
+    """Step positions: a step names one dependency; each other one takes a nop just before it."""
+    step_of = [0] * len(graph.units)
     nops = [0] * nops_total
-    hasdep: set[int] = set()
-    for deps in pruned:
-        hasdep.update(deps)
+    tb_steps = []
     for lst in graph.tb_units:
         pos = 0
         for u in lst:
@@ -877,9 +898,19 @@ def _steps(graph: _Graph, pruned: list[list[int]], slot_offset: Callable[[str, i
                 nops[u.ops[0]] = extra
             step_of[u.index] = pos
             pos += 1
+        tb_steps.append(pos)
+    return _Layout(graph, pruned, step_of, nops, tb_steps)
+
+
+def _steps(layout: _Layout, slot_offset: Callable[[str, int], int]) -> list[tuple[Step, ...]]:
+    """Every threadblock's steps."""
+    units, pruned, step_of = layout.graph.units, layout.pruned, layout.step_of
+    hasdep: set[int] = set()
+    for deps in pruned:
+        hasdep.update(deps)
     tb_of = [u.tb for u in units]
     out: list[tuple[Step, ...]] = []
-    for lst in graph.tb_units:
+    for lst in layout.graph.tb_units:
         steps: list[Step] = []
         for u in lst:
             deps = pruned[u.index]
@@ -893,7 +924,7 @@ def _steps(graph: _Graph, pruned: list[list[int]], slot_offset: Callable[[str, i
             dstbuf, dstoff = ("o", -1) if u.dst is None or u.type == "s" else (u.dst[0], slot_offset(*u.dst))
             steps.append(Step(len(steps), u.type, srcbuf, srcoff, dstbuf, dstoff, u.cnt, depid, dstep, u.index in hasdep))
         out.append(tuple(steps))
-    return out, nops
+    return out
 
 
 def _prune(graph: _Graph, ntb: int) -> list[list[int]]:

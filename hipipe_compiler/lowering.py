@@ -451,7 +451,7 @@ _READS = frozenset(("s", "rrc", "cpy", "re"))
 _WRITES = frozenset(("r", "rrc", "cpy", "re"))
 
 
-def _raw_dependencies(plan: Plan, ops: list[_Op], nroles: int) -> list[list[int]]:
+def _raw_dependencies(plan: Plan, ops: list[_Op]) -> list[list[int]]:
     """For each op, the earlier ops (any role) it must wait for, by slot reads and writes.
 
     A read waits for the slots' last writers; a write also waits, per role, for the latest
@@ -654,8 +654,7 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
     gen = _Generator(plan, limits)
     chosen = list(range(plan.topology.nranks)) if ranks is None else list(ranks)
     per_rank_ops = [gen.generate(r) for r in chosen]
-    nroles = len(gen.roles)
-    raw = [_raw_dependencies(plan, ops, nroles) for ops in per_rank_ops]
+    raw = [_raw_dependencies(plan, ops) for ops in per_rank_ops]
 
     # Segment with rank 0 alone first (cheap), then emit every rank with those budgets; ranks
     # whose dependencies need a few more nops make another round.

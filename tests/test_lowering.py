@@ -157,3 +157,59 @@ def test_both_way_rings_take_half_the_latencies_with_the_same_bytes(n):
     # reduce-scatter and all-gather: 2 (n - 1) latencies around a ring, 2 (n // 2) both ways
     for alg, rounds in (("ring", 2 * (n - 1)), ("bidir", 2 * (n // 2))):
         assert rounds * alpha <= runs[alg].time_us < rounds * alpha + 2 * (n - 1) * (1 << 16) / n / wire * alpha
+
+
+def _random_unit_graph(rng, ntb=4, nunits=24):
+    """A random dependency DAG of units on threadblocks, numbered so that some units come
+    before units they wait for (as when a fused send waits for a later unit)."""
+    from hipipe_compiler.lowering import _Graph, _Unit
+    order = list(range(nunits))  # execution order; numbering below is a shuffle of it
+    tb_of = [rng.randrange(ntb) for _ in order]
+    number = list(range(nunits))
+    rng.shuffle(number)
+    units, tb_units, prev_in_tb = [None] * nunits, [[] for _ in range(ntb)], [-1] * nunits
+    for k in order:
+        ui, t = number[k], tb_of[k]
+        units[ui] = _Unit(ui, [ui], t, len(tb_units[t]), "s", None, None, 1)
+        prev_in_tb[ui] = tb_units[t][-1].index if tb_units[t] else -1
+        tb_units[t].append(units[ui])
+    deps = [set() for _ in range(nunits)]
+    for k in order:
+        for j in rng.sample(range(k), min(k, rng.randrange(4))):
+            deps[number[k]].add(number[j])
+    return _Graph(units, tb_units, deps, prev_in_tb, forward=False)
+
+
+def test_prune_keeps_exactly_the_dependencies_nothing_else_implies():
+    """Also for a unit numbering that is not a topological order (the Kahn path)."""
+    import random
+    from hipipe_compiler.lowering import _prune
+    rng = random.Random(7)
+    for _ in range(50):
+        g = _random_unit_graph(rng)
+        preds = [set(d) | ({p} if p >= 0 else set()) for d, p in zip(g.deps, g.prev_in_tb)]
+
+        def ancestors(u, seen=None):  # u and everything it waits for, directly or not
+            seen = set() if seen is None else seen
+            if u not in seen:
+                seen.add(u)
+                for p in preds[u]:
+                    ancestors(p, seen)
+            return seen
+
+        pruned = _prune(g, len(g.tb_units))
+        for ui, deps in enumerate(g.deps):
+            cands = [d for d in deps if g.units[d].tb != g.units[ui].tb]
+            before = ancestors(g.prev_in_tb[ui]) if g.prev_in_tb[ui] >= 0 else set()
+            want = {d for d in cands if d not in before and not any(o != d and d in ancestors(o) for o in cands)}
+            assert set(pruned[ui]) == want
+
+
+def test_prune_refuses_a_dependency_cycle():
+    import random
+    from hipipe_compiler.lowering import _prune
+    g = _random_unit_graph(random.Random(3))
+    first, last = g.tb_units[0][0].index, g.tb_units[0][-1].index
+    g.deps[first].add(last)  # the first unit of a threadblock waits for its last
+    with pytest.raises(PlanError, match="cycle"):
+        _prune(g, len(g.tb_units))

@@ -71,7 +71,8 @@ def order_mix(topology: Topology, collective: str, orders: Sequence[tuple[int, .
     if solver.Solve() != pywraplp.Solver.OPTIMAL:  # pragma: no cover - always feasible
         raise RuntimeError("the order-mixing LP has no optimum")
     raw = {o: f[o].solution_value() for o in orders}
-    kept = {o: v for o, v in raw.items() if v >= min_fraction}
+    # at least the largest order survives, however small every fraction is
+    kept = {o: v for o, v in raw.items() if v >= min_fraction} or {max(raw, key=raw.__getitem__): 1.0}
     total = sum(kept.values())
     fractions = {o: v / total for o, v in kept.items()}
     per_byte = max(sum(fractions[o] * loads[o][d] for o in fractions) for d in range(topology.ndims))

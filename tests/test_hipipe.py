@@ -1,7 +1,7 @@
 """The HiPIPE planner: plan shapes, the search, and the performance it must reach."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from conftest import topologies
@@ -12,7 +12,7 @@ from hipipe_compiler.hipipe import Knobs, Search, build_plan, optimize_window
 from hipipe_compiler.lowering import lower
 from hipipe_compiler.lp import order_mix
 from hipipe_compiler.simulate import simulate, simulate_exact
-from hipipe_compiler.topology import preset
+from hipipe_compiler.topology import Dimension, Topology, preset
 from hipipe_compiler.verify import verify
 
 MiB = 1 << 20
@@ -41,6 +41,33 @@ def test_lanes_fan_and_all_gather_lanes():
     assert [c.stage_lanes for c in fan.chunks] == [(0, 1, 1), (0, 2, 2), (0, 3, 3)]
     torus = build_plan(preset("torus-4x4"), "allreduce", MiB, MiB, Knobs(2))
     assert {c.direction for c in torus.chunks} == {1, -1}  # both directed links of every ring
+
+
+KNOBS = st.builds(
+    Knobs, chunks=st.integers(1, 16), mix=st.booleans(), ag_lane=st.booleans(), lp_sizes=st.booleans(),
+    granularity=st.sampled_from([1, 2, 4, 8, 16]), lanes=st.integers(1, 3), ramp=st.integers(0, 3),
+    oneshot=st.booleans(), arrange=st.sampled_from(["spread", "front", "back", "lanes"]), fan=st.booleans(),
+    split=st.booleans(), tilt=st.integers(-7, 7), bidir=st.booleans())
+
+
+MIXED_3X2X3 = Topology((Dimension(3, "ring", 100.0, 0.5, "x"), Dimension(2, "switch", 50.0, 1.0, "y"),
+                        Dimension(3, "ring", 25.0, 2.0, "z")), name="mixed-3x2x3")
+
+
+@settings(max_examples=60, deadline=None)
+@given(topologies(max_ranks=32), st.sampled_from(["allreduce", "reducescatter", "allgather"]), KNOBS)
+@example(MIXED_3X2X3, "reducescatter", Knobs(1, mix=True))  # every order's share below one chunk's
+def test_every_knob_combination_builds_a_valid_plan(topo, coll, knobs):
+    # the search may reach any combination; each must give a plan (that may still not fit the runtime)
+    from hipipe_compiler.errors import PlanError
+    from hipipe_compiler.plan import check_plan
+    plan = build_plan(topo, coll, MiB, MiB, knobs)
+    check_plan(plan)
+    assert all(c.units >= 1 for c in plan.chunks)
+    try:
+        lower(plan, ranks=[0])
+    except PlanError:
+        pass
 
 
 def test_both_way_rings_replace_rings_only_and_cut_small_message_time():

@@ -533,6 +533,21 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                   tuple(e.plan for e in ranked[1:]))
 
 
+def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | None:
+    """A window of the one size just past its neighbour's largest (such as 4GiB after
+    1GiB..<4GiB) takes the neighbour's plan: that plan was judged one byte away. None when
+    the plan does not fit or divide the size, or the window is wider."""
+    if not (lo == hi == previous.max_bytes + 1) or previous.knobs is None:
+        return None
+    plan = build_plan(search.topology, search.collective, lo, hi, previous.knobs, lo)
+    if lo % (plan.nchunksperloop * search.dtype_bytes) or not search.exact(plan):
+        return None
+    ev = search.judge(plan, (lo,), previous.knobs)
+    if ev is None:
+        return None
+    return Choice(lo, hi, plan, previous.knobs, (lo,), ev.times_us, 0, previous.alternatives)
+
+
 def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, int]], limits=None,
              progress=None, dtype_bytes: int = 4) -> list[Choice]:
     """One Choice per window; each window starts from its neighbours' best knobs."""
@@ -540,7 +555,8 @@ def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, i
     out: list[Choice] = []
     for lo, hi in windows:
         seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
-        out.append(optimize_window(search, lo, hi, seeds))
+        edge = _next_size(search, out[-1], lo, hi) if out else None
+        out.append(edge or optimize_window(search, lo, hi, seeds))
         if progress is not None:
             progress(out[-1])
     return out

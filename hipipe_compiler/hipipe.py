@@ -190,7 +190,7 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
         algs = tuple("bidir" if a == "ring" else a for a in algs)
     if knobs.oneshot and collective == "allreduce":
         algs = tuple("oneshot" for _ in algs)
-    both = any(d.uses_both_directions and a in ("ring", "bidir", "oneshot") for d, a in zip(topology.dimensions, algs))
+    both = any(d.uses_both_directions and a in (*RING_ALGORITHMS, "oneshot") for d, a in zip(topology.dimensions, algs))
     dirs = (1, -1) if both else (1,)
     per_chunk = _ramped(_chunk_orders(_orders(topology, collective, knobs), knobs.chunks, knobs.arrange), knobs.ramp)
     pieces = [(order, share / len(dirs), d) for order, share in per_chunk for d in dirs]

@@ -208,8 +208,8 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
     if alg == "oneshot" and stage.kind == "ar":
         # switch: one exchange; ring: n // 2 flooding rounds, each link carrying half the copies
         return (n // 2 if ring_axis and n > 2 else 1) * alpha + (n - 1) * data / bpus
-    if alg == "oneshot":
-        alg = "ring" if ring_axis and n > 2 else "direct"
+    if alg == "oneshot":  # the other stages of a one-shot axis (lowering runs rings both ways there)
+        alg = "bidir" if ring_axis and n > 2 else "direct"
     if alg == "ring":
         one = (n - 1) * (alpha + data / n / bpus)
     elif alg == "bidir":  # the longer chain's latencies; the two directions' links share the bytes
@@ -334,7 +334,7 @@ def _needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[
     if flat:
         return False
     # one-shot axes still reduce-scatter and all-gather by ring when they are not last
-    return any(d.uses_both_directions and alg in ("ring", "bidir", "oneshot") for d, alg in zip(topology.dimensions, algorithms))
+    return any(d.uses_both_directions and alg in (*RING_ALGORITHMS, "oneshot") for d, alg in zip(topology.dimensions, algorithms))
 
 
 def uniform_chunks(k: int, orders: Sequence[tuple[int, ...]], both_directions: bool, lanes: int = 1) -> tuple[ChunkPlan, ...]:

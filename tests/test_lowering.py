@@ -162,7 +162,7 @@ def test_both_way_rings_take_half_the_latencies_with_the_same_bytes(n):
 def _random_unit_graph(rng, ntb=4, nunits=24):
     """A random dependency DAG of units on threadblocks, numbered so that some units come
     before units they wait for (as when a fused send waits for a later unit)."""
-    from hipipe_compiler.lowering import _Graph, _Unit
+    from hipipe_compiler.emission import _Graph, _Unit
     order = list(range(nunits))  # execution order; numbering below is a shuffle of it
     tb_of = [rng.randrange(ntb) for _ in order]
     number = list(range(nunits))
@@ -183,7 +183,7 @@ def _random_unit_graph(rng, ntb=4, nunits=24):
 def test_prune_keeps_exactly_the_dependencies_nothing_else_implies():
     """Also for a unit numbering that is not a topological order (the Kahn path)."""
     import random
-    from hipipe_compiler.lowering import _prune
+    from hipipe_compiler.emission import _prune
     rng = random.Random(7)
     for _ in range(50):
         g = _random_unit_graph(rng)
@@ -207,7 +207,7 @@ def test_prune_keeps_exactly_the_dependencies_nothing_else_implies():
 
 def test_prune_refuses_a_dependency_cycle():
     import random
-    from hipipe_compiler.lowering import _prune
+    from hipipe_compiler.emission import _prune
     g = _random_unit_graph(random.Random(3))
     first, last = g.tb_units[0][0].index, g.tb_units[0][-1].index
     g.deps[first].add(last)  # the first unit of a threadblock waits for its last

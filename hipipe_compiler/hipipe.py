@@ -235,7 +235,7 @@ def lp_resize(plan: Plan, total_units: int, nbytes: float, rounds: int = 3) -> P
             row = []
             x_k = nbytes * c.units / plan.units
             for j, st in enumerate(plan.stages(k)):
-                a = _stage_latency(plan, st)
+                a = stage_cost(plan, k, st, 0.0)  # the latencies alone: the estimate is affine in the bytes
                 b = max(0.0, stage_cost(plan, k, st, nbytes) - a) / x_k
                 # the physical resource: lanes of one dimension share its ports or links
                 resource = (st.axis, c.direction if plan.algorithms[st.axis] in RING_ALGORITHMS else 0)
@@ -251,13 +251,6 @@ def lp_resize(plan: Plan, total_units: int, nbytes: float, rounds: int = 3) -> P
             break
         plan = new
     return plan
-
-
-def _stage_latency(plan: Plan, stage) -> float:
-    n = plan.axis_size(stage.axis)
-    alpha = plan.topology.dimensions[stage.axis].latency
-    steps = {"ring": n - 1, "bidir": n // 2}.get(plan.algorithms[stage.axis], 1)
-    return steps * alpha * (2 if stage.kind == "ar" else 1)
 
 
 # -- the search ---------------------------------------------------------------------------------
@@ -322,12 +315,15 @@ class Search:
         except PlanError:
             return None
 
+    def divides(self, plan: Plan, nbytes: int) -> bool:
+        """The runtime only runs a program when nchunksperloop divides the element count."""
+        return nbytes % (plan.nchunksperloop * self.dtype_bytes) == 0
+
     def exact(self, plan: Plan) -> bool:
         """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
         shifted. Checked only for candidates that could win, since it lowers four ranks."""
-        from .lowering import lowering_key
         from .errors import PlanError
-        from .lowering import lower
+        from .lowering import lower, lowering_key
         from .simulate import probe_ranks, symmetric
         if plan.flat:
             return True  # simulated in full
@@ -446,8 +442,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         budget = BANDWIDTH_BUDGET if bandwidth_bound else BUDGET
 
     def selectable(plan: Plan) -> bool:
-        """The runtime only runs a program when nchunksperloop divides the element count."""
-        return min_bytes % (plan.nchunksperloop * search.dtype_bytes) == 0
+        return search.divides(plan, min_bytes)
 
 
     start = search.evaluations
@@ -540,7 +535,7 @@ def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | N
     if not (lo == hi == previous.max_bytes + 1) or previous.knobs is None:
         return None
     plan = build_plan(search.topology, search.collective, lo, hi, previous.knobs, lo)
-    if lo % (plan.nchunksperloop * search.dtype_bytes) or not search.exact(plan):
+    if not search.divides(plan, lo) or not search.exact(plan):
         return None
     ev = search.judge(plan, (lo,), previous.knobs)
     if ev is None:

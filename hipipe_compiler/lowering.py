@@ -278,9 +278,7 @@ class _Generator:
                     self._ring_ag(ops, e, i, n, p, chunk.direction, blocks, st, rs_send, rs_recv, rnd)
         elif alg == "bidir":
             d = chunk.direction
-            # the other direction's chain gets threadblocks (and channels) of its own, so that it
-            # runs beside the mirrored chunk's main chain on that link instead of after it
-            roles = {d: self._ring_roles(st.axis, lane, d, fused), -d: self._ring_roles(st.axis, -1 - lane, -d, fused)}
+            roles = self._both_ways_roles(st.axis, lane, d, fused)
             for i in range(len(blocks[p])):
                 rnd = 0
                 if st.kind in ("rs", "ar"):
@@ -368,8 +366,7 @@ class _Generator:
         comes the chunk's own direction; the mirrored chunk balances the links."""
         pieces = self._owned_pieces(n, k, st, prefix, origin, fused, True)
         rounds = {direction: n // 2, -direction: (n - 1) // 2}
-        roles = {direction: self._ring_roles(st.axis, lane, direction, fused),
-                 -direction: self._ring_roles(st.axis, -1 - lane, -direction, fused)}
+        roles = self._both_ways_roles(st.axis, lane, direction, fused)
         inp = self.rs_input(st.depth)
         for i, (start, cnt) in enumerate(pieces):
             for d in (direction, -direction):
@@ -404,6 +401,13 @@ class _Generator:
             both = self.role(axis, lane, "ring", direction, "both")
             return both, both
         return self.role(axis, lane, "ring", direction, "send"), self.role(axis, lane, "ring", direction, "recv")
+
+    def _both_ways_roles(self, axis: int, lane: int, direction: int, fused: bool) -> dict[int, tuple[int, int]]:
+        """Roles of a chunk that uses both ring directions: its own direction on its lane, the
+        other on threadblocks (and channels) of their own (lane -1 - lane), so that it runs
+        beside the mirrored chunk's main direction on that link instead of after it."""
+        return {direction: self._ring_roles(axis, lane, direction, fused),
+                -direction: self._ring_roles(axis, -1 - lane, -direction, fused)}
 
     def _bidir_rs(self, ops: list[_Op], e: int, i: int, n: int, p: int, d: int, blocks: list, st: Stage,
                   roles: dict[int, tuple[int, int]]) -> int:

@@ -20,9 +20,11 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Sequence
 
+from .bounds import lower_bound_us
 from .lp import StageCost, chunk_sizes, order_mix
 from .plan import (
     RING_ALGORITHMS, ChunkPlan, Plan, auto_layouts, bandwidth_order, chunk_stages, default_algorithms, default_schedule, stage_cost,
+    time_floor_us,
 )
 from .topology import Topology
 
@@ -272,6 +274,10 @@ BANDWIDTH_WINDOW = 16 << 20
 BANDWIDTH_RANKS = 256
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
+#: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
+#: time so far is not lowered or simulated: it cannot win, and the margin keeps the near
+#: misses that may still rank among the descent's seeds and the finalists.
+FLOOR_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -338,7 +344,6 @@ class Search:
     def judge(self, plan: Plan, sizes: Sequence[int], knobs: Knobs | None = None) -> Evaluation | None:
         """Simulate `plan` at each size (rank 0 alone when that is exact); None when the plan
         does not fit the runtime or is not the same on every rank."""
-        from .bounds import lower_bound_us
         from .lowering import lowering_key
         from .simulate import SimulationError, simulate
         key = lowering_key(plan)
@@ -446,6 +451,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
 
     start = search.evaluations
+    skipped = 0  # candidates dropped by their time floor: they count toward the budget
+    bound = lower_bound_us(topo, coll, nominal) or 1.0
     allreduce = coll == "allreduce"
     base_evals = [search.judge(plan, middle, knobs) for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal)]
     # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
@@ -460,6 +467,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     max_chunks = max(1, min(MAX_CHUNKS, nominal // (256 * topo.nranks)))
 
     def attempt(knobs: Knobs) -> Evaluation | None:
+        nonlocal skipped
         if forced:
             knobs = replace(knobs, **forced)  # type: ignore[arg-type]
         if knobs.oneshot and allreduce:
@@ -469,6 +477,10 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         tried.add(knobs)
         plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
         if strict and not selectable(plan):
+            return None
+        best = min((e.score for e in evals), default=math.inf)
+        if time_floor_us(plan, nominal) / bound > best * (1 + FLOOR_MARGIN):
+            skipped += 1
             return None
         ev = search.judge(plan, middle, knobs)
         if ev is not None:
@@ -502,11 +514,14 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         return ev.knobs is None or search.exact(ev.plan)
 
     seeds_ranked = list(islice((e for e in sorted(evals, key=lambda e: e.score) if e.knobs is not None and exact(e)), 3))
+    def spent() -> int:
+        return search.evaluations - start + skipped
+
     for i, seed in enumerate(seeds_ranked):
         best = seed
         improved = True
-        until = search.evaluations + (budget - (search.evaluations - start)) // (len(seeds_ranked) - i)
-        while improved and search.evaluations < until:
+        until = spent() + (budget - spent()) // (len(seeds_ranked) - i)
+        while improved and spent() < until:
             improved = False
             for knobs in _knob_neighbours(best.knobs, allreduce, rings):
                 ev = attempt(knobs)

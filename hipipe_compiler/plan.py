@@ -21,7 +21,7 @@ from typing import Iterable, Literal, Sequence
 
 from .errors import InputError, PlanError
 from .program import PLANNED_COLLECTIVES, PROTOCOLS
-from .runtime import piece_count
+from .runtime import WIRE_EFFICIENCY, piece_count
 from .topology import Topology
 
 Algorithm = Literal["ring", "bidir", "direct", "oneshot"]
@@ -217,6 +217,42 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
     else:
         one = alpha + (n - 1) / n * data / bpus
     return 2 * one if stage.kind == "ar" else one
+
+
+def time_floor_us(plan: Plan, nbytes: float) -> float:
+    """A time no run of `plan` at nbytes can beat: the larger of its busiest dimension's wire
+    bytes per rank over that dimension's bandwidth, and its longest chain of message
+    latencies (every byte of a chunk passes its stages one after another). The optimizer
+    skips a candidate whose floor already loses to the best plan it has simulated.
+
+    >>> from hipipe_compiler.topology import preset
+    >>> plan = hierarchical_plan(preset("torus-4x4"), chunks=2, nominal_bytes=1 << 30)
+    >>> round(time_floor_us(plan, 1 << 30), 1)  # 3/4 of the call twice through x, at 100 GB/s
+    16106.1
+    """
+    if plan.flat:
+        return 0.0
+    topo = plan.topology
+    wire = [0.0] * topo.ndims
+    chain = 0.0
+    for k, chunk in enumerate(plan.chunks):
+        path = 0.0
+        for st in plan.stages(k):
+            data = nbytes * chunk.units / plan.units / math.prod(plan.axis_size(a) for a in chunk.order[:st.depth])
+            n = plan.axis_size(st.axis)
+            alg = plan.algorithms[st.axis]
+            ring = topo.dimensions[st.axis].kind == "ring" and n > 2
+            if alg == "oneshot" and st.kind == "ar":  # every rank's block reaches n - 1 peers
+                sent, hops = (n - 1) * data, (n // 2 if ring else 1)
+            else:
+                passes = 2 if st.kind == "ar" else 1
+                hops = {"ring": n - 1, "bidir": n // 2}.get(alg, n // 2 if alg == "oneshot" and ring else 1)
+                sent, hops = passes * (n - 1) / n * data, passes * hops
+            wire[st.axis] += sent / WIRE_EFFICIENCY[plan.protocol]
+            path += hops * topo.dimensions[st.axis].latency
+        chain = max(chain, path)
+    load = max(b / (d.bandwidth * 1e3) for b, d in zip(wire, topo.dimensions))
+    return max(load, chain)
 
 
 def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:

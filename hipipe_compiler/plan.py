@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
 from typing import Iterable, Literal, Sequence
 
 from .errors import InputError, PlanError
@@ -100,7 +101,7 @@ class Plan:
     def axis_size(self, axis: int) -> int:
         return self.topology.nranks if self.flat else self.topology.dimensions[axis].size
 
-    @property
+    @cached_property
     def units(self) -> int:
         """Cells per rank in one loop iteration: the sum of the chunks' units."""
         return sum(c.units for c in self.chunks)
@@ -123,6 +124,11 @@ class Plan:
 
 def chunk_stages(collective: str, order: Sequence[int]) -> tuple[Stage, ...]:
     """Reduce-scatter down `order`, all-gather back up; the last axis fuses both for allreduce."""
+    return _chunk_stages(collective, tuple(order))
+
+
+@lru_cache(maxsize=4096)
+def _chunk_stages(collective: str, order: tuple[int, ...]) -> tuple[Stage, ...]:
     d = len(order)
     if collective == "allreduce":
         rs = [Stage("rs", a, i) for i, a in enumerate(order[:-1])]
@@ -230,10 +236,11 @@ def time_floor_us(plan: Plan, nbytes: float) -> float:
     >>> round(time_floor_us(plan, 1 << 30), 1)  # 3/4 of the call twice through x, at 100 GB/s
     16106.1
     """
-    if plan.flat:
-        return 0.0
     topo = plan.topology
-    wire = [0.0] * topo.ndims
+    # a flat ring's links lie in any dimension: it gets the fastest latency and all of them
+    alphas = [min(d.latency for d in topo.dimensions)] if plan.flat else [d.latency for d in topo.dimensions]
+    capacity = [sum(d.bandwidth for d in topo.dimensions)] if plan.flat else [d.bandwidth for d in topo.dimensions]
+    wire = [0.0] * len(capacity)
     chain = 0.0
     for k, chunk in enumerate(plan.chunks):
         path = 0.0
@@ -241,7 +248,7 @@ def time_floor_us(plan: Plan, nbytes: float) -> float:
             data = nbytes * chunk.units / plan.units / math.prod(plan.axis_size(a) for a in chunk.order[:st.depth])
             n = plan.axis_size(st.axis)
             alg = plan.algorithms[st.axis]
-            ring = topo.dimensions[st.axis].kind == "ring" and n > 2
+            ring = n > 2 and (plan.flat or topo.dimensions[st.axis].kind == "ring")
             if alg == "oneshot" and st.kind == "ar":  # every rank's block reaches n - 1 peers
                 sent, hops = (n - 1) * data, (n // 2 if ring else 1)
             else:
@@ -249,9 +256,9 @@ def time_floor_us(plan: Plan, nbytes: float) -> float:
                 hops = {"ring": n - 1, "bidir": n // 2}.get(alg, n // 2 if alg == "oneshot" and ring else 1)
                 sent, hops = passes * (n - 1) / n * data, passes * hops
             wire[st.axis] += sent / WIRE_EFFICIENCY[plan.protocol]
-            path += hops * topo.dimensions[st.axis].latency
+            path += hops * alphas[st.axis]
         chain = max(chain, path)
-    load = max(b / (d.bandwidth * 1e3) for b, d in zip(wire, topo.dimensions))
+    load = max(b / (c * 1e3) for b, c in zip(wire, capacity))
     return max(load, chain)
 
 

@@ -259,8 +259,8 @@ def lp_resize(plan: Plan, total_units: int, nbytes: float, rounds: int = 3) -> P
 
 #: Most pipeline chunks per loop iteration the search considers (program size grows with it).
 MAX_CHUNKS = 48
-#: A window keeps its smaller neighbour's plan when that costs less than this (its program is
-#: then often the same, and the two windows share one file).
+#: A window keeps its smaller neighbour's plan when that costs less than this (the two windows
+#: then share one program and file when the plan does not depend on the window).
 REUSE_TOLERANCE = 0.003
 #: From this call size on, candidates use separate send and receive threadblocks everywhere
 #: (the same speed, and a program that neighbouring windows can share).
@@ -411,12 +411,15 @@ def judged_sizes(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
 
 
 def _baselines(topology: Topology, collective: str, lo: int, hi: int, nominal: int) -> list[tuple[Knobs | None, Plan]]:
-    """The baselines of bench: flat ring, hierarchical with 1, 4, 16 uniform chunks, Themis-like."""
+    """The baselines of bench: hierarchical with 1, 4, 16 uniform chunks, Themis-like, and the
+    flat ring last (it is simulated on every rank, so it is judged only if the others leave
+    it a chance)."""
     from .plan import hierarchical_plan, ring_plan, themis_plan
-    out: list[tuple[Knobs | None, Plan]] = [(None, ring_plan(topology, collective, 1, "Simple", lo, hi, nominal))]
+    out: list[tuple[Knobs | None, Plan]] = []
     for k in (1, 4, 16):
         out.append((None, hierarchical_plan(topology, collective, k, min_bytes=lo, max_bytes=hi, nominal_bytes=nominal)))
     out.append((None, themis_plan(topology, collective, 16, min_bytes=lo, max_bytes=hi, nominal_bytes=nominal)))
+    out.append((None, ring_plan(topology, collective, 1, "Simple", lo, hi, nominal)))
     return out
 
 
@@ -431,13 +434,15 @@ ABLATIONS: dict[str, tuple[dict[str, object], bool]] = {
 
 
 def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Sequence[Knobs] = (),
-                    budget: int | None = None, forced: dict[str, object] | None = None, baselines: bool = True) -> Choice:
+                    budget: int | None = None, forced: dict[str, object] | None = None, baselines: bool = True,
+                    neighbour: Choice | None = None) -> Choice:
     """The best plan for calls of min_bytes..max_bytes, judged by the simulator.
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
     and all-gather lanes, and with one-shot for few chunks; then coordinate descent over
     every knob from the best three, judged at the window's middle. The five best are judged
-    again at both ends of the window, and the best mean T / T_LB wins.
+    again at both ends of the window, and the best mean T / T_LB wins; the `neighbour`
+    window's plan wins if it is within REUSE_TOLERANCE of that.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
@@ -454,7 +459,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     skipped = 0  # candidates dropped by their time floor: they count toward the budget
     bound = lower_bound_us(topo, coll, nominal) or 1.0
     allreduce = coll == "allreduce"
-    base_evals = [search.judge(plan, middle, knobs) for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal)]
+    base_evals: list[Evaluation | None] = []
+    for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal):
+        best = min((ev.score for ev in base_evals if ev is not None and selectable(ev.plan)), default=math.inf)
+        if time_floor_us(plan, nominal) / bound <= best * (1 + FLOOR_MARGIN):
+            base_evals.append(search.judge(plan, middle, knobs))
     # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
     # that is not a power of two), divisibility cannot steer the choice
     strict = any(ev is not None and selectable(ev.plan) for ev in base_evals)
@@ -525,17 +534,21 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             improved = False
             for knobs in _knob_neighbours(best.knobs, allreduce, rings):
                 ev = attempt(knobs)
-                if ev is not None and ev.score < best.score * (1 - 1e-6) and exact(ev):
+                # rank 0's time steers the descent; only finalists must be exact (the check
+                # lowers four ranks, which cost more than the step's own simulation)
+                if ev is not None and ev.score < best.score * (1 - 1e-6):
                     best, improved = ev, True
                     break
     sizes = judged_sizes(min_bytes, max_bytes)
     finalists = [search.judge(e.plan, sizes, e.knobs) for e in islice((e for e in sorted(evals, key=lambda e: e.score) if exact(e)), 5)]
     ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
     best = ranked[0]
-    if seeds and not forced:
-        # keep the neighbour's plan when it is nearly as good: the windows may then share a program
-        plan = build_plan(topo, coll, min_bytes, max_bytes, seeds[-1], nominal)
-        previous = search.judge(plan, sizes, seeds[-1]) if (not strict or selectable(plan)) and search.exact(plan) else None
+    if neighbour is not None and not forced:
+        # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as
+        # good: the windows then share a program if it does not depend on the window
+        plan = neighbour.plan.with_window(min_bytes, max_bytes)
+        previous = (search.judge(plan, sizes, neighbour.knobs)
+                    if (not strict or selectable(plan)) and search.exact(plan) else None)
         if previous is not None and previous.score <= best.score * (1 + REUSE_TOLERANCE):
             ranked.insert(0, previous)
             best = previous
@@ -547,9 +560,9 @@ def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | N
     """A window of the one size just past its neighbour's largest (such as 4GiB after
     1GiB..<4GiB) takes the neighbour's plan: that plan was judged one byte away. None when
     the plan does not fit or divide the size, or the window is wider."""
-    if not (lo == hi == previous.max_bytes + 1) or previous.knobs is None:
+    if not lo == hi == previous.max_bytes + 1:
         return None
-    plan = build_plan(search.topology, search.collective, lo, hi, previous.knobs, lo)
+    plan = previous.plan.with_window(lo, hi)
     if not search.divides(plan, lo) or not search.exact(plan):
         return None
     ev = search.judge(plan, (lo,), previous.knobs)
@@ -566,7 +579,7 @@ def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, i
     for lo, hi in windows:
         seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
         edge = _next_size(search, out[-1], lo, hi) if out else None
-        out.append(edge or optimize_window(search, lo, hi, seeds))
+        out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None))
         if progress is not None:
             progress(out[-1])
     return out

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 
 from .errors import PlanError
 from .emission import Layout, emit, raw_dependencies, segment_cuts
-from .plan import Plan, Stage, check_plan
+from .plan import Plan, Stage, check_plan, largest_blocks
 from .program import Program
 from .runtime import Limits, piece_count
 from .topology import Topology
@@ -483,10 +483,15 @@ class _Generator:
 
 
 def lowering_key(plan: Plan) -> tuple[Any, ...]:
-    """Plans with equal keys lower to the same program apart from the window."""
+    """Plans with equal keys lower to the same program apart from the window.
+
+    The window enters only through the piece limits, and those cut nothing at or above the
+    largest block: windows whose limits are all that large share the key (and the program)."""
     n = plan.nchunksperloop
+    cap = max(largest_blocks(plan.topology, plan.flat, plan.chunks, plan.algorithms))
     return (replace(plan, min_bytes=0, max_bytes=0, nominal_bytes=0, schedule=plan.events()),
-            piece_count(plan.protocol, plan.max_bytes, n, True), piece_count(plan.protocol, plan.max_bytes, n, False))
+            min(cap, piece_count(plan.protocol, plan.max_bytes, n, True)),
+            min(cap, piece_count(plan.protocol, plan.max_bytes, n, False)))
 
 
 def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = None) -> Program:

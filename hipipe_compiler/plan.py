@@ -343,6 +343,20 @@ def default_algorithms(topology: Topology, flat: bool = False) -> tuple[str, ...
     )
 
 
+def largest_blocks(topology: Topology, flat: bool, chunks: Sequence[ChunkPlan], algorithms: Sequence[str]) -> list[int]:
+    """Per axis, the most cells a rank sends in one message of it when nothing is cut: a
+    chunk's block at that depth (one-shot: the whole owned range)."""
+    size = (lambda a: topology.nranks) if flat else (lambda a: topology.dimensions[a].size)
+    largest = [0] * (1 if flat else topology.ndims)
+    for c in chunks:
+        for depth, a in enumerate(c.order):
+            cells = c.units * math.prod(size(b) for b in c.order[depth + 1:])
+            if algorithms[a] == "oneshot" and depth == len(c.order) - 1:
+                cells *= size(a)  # the whole owned range goes in one message
+            largest[a] = max(largest[a], cells)
+    return largest
+
+
 def auto_layouts(topology: Topology, flat: bool, chunks: Sequence[ChunkPlan], algorithms: Sequence[str],
                  protocol: str, max_bytes: int) -> tuple[str, ...]:
     """Fused threadblocks per axis unless the deadlock-safe piece limit would shred its blocks.
@@ -354,13 +368,7 @@ def auto_layouts(topology: Topology, flat: bool, chunks: Sequence[ChunkPlan], al
     naxes = 1 if flat else topology.ndims
     size = (lambda a: topology.nranks) if flat else (lambda a: topology.dimensions[a].size)
     nch = sum(c.units for c in chunks) * topology.nranks
-    largest = [0] * naxes
-    for c in chunks:
-        for depth, a in enumerate(c.order):
-            cells = c.units * math.prod(size(b) for b in c.order[depth + 1:])
-            if algorithms[a] == "oneshot" and depth == len(c.order) - 1:
-                cells *= size(a)  # the whole owned range goes in one message
-            largest[a] = max(largest[a], cells)
+    largest = largest_blocks(topology, flat, chunks, algorithms)
     out = []
     for a in range(naxes):
         limit = piece_count(protocol, max_bytes, nch, ring=algorithms[a] in RING_ALGORITHMS and size(a) > 2)

@@ -8,12 +8,12 @@ from hypothesis import strategies as st
 
 from conftest import COLLECTIVES, topologies
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.lowering import lower
+from hipipe_compiler.lowering import lower, lowering_key
 from hipipe_compiler.plan import ChunkPlan, Plan, hierarchical_plan, ring_plan
 from hipipe_compiler.runtime import Limits, piece_count
 from hipipe_compiler.topology import preset
 from hipipe_compiler.verify import verify
-from strategies import plans
+from strategies import WINDOWS, plans
 
 
 def assert_within_limits(program, limits=Limits()):
@@ -213,3 +213,23 @@ def test_prune_refuses_a_dependency_cycle():
     g.deps[first].add(last)  # the first unit of a threadblock waits for its last
     with pytest.raises(PlanError, match="cycle"):
         _prune(g, len(g.tb_units))
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans(max_ranks=16), st.sampled_from(WINDOWS))
+def test_plans_with_one_lowering_key_lower_to_one_program(plan, other_max):
+    # the optimizer and the compiler share programs between windows by this key
+    other = plan.with_window(other_max // 2, other_max)
+    try:
+        first, second = lower(plan), lower(other)
+    except PlanError:
+        return
+    same_key = lowering_key(plan) == lowering_key(other)
+    assert (first.with_window(0, 0) == second.with_window(0, 0)) or not same_key
+
+
+def test_the_lowering_key_ignores_piece_limits_that_cut_nothing():
+    plan = hierarchical_plan(preset("torus-4x4"), "allreduce", 1, max_bytes=1 << 14, nominal_bytes=1 << 20)
+    # blocks of 4 cells: limits of 71 and 16 cells cut nothing, 1 or 2 cells do
+    assert lowering_key(plan) == lowering_key(plan.with_window(1 << 21, 1 << 22))
+    assert lowering_key(plan.with_window(1 << 23, 1 << 24)) != lowering_key(plan.with_window(1 << 25, 1 << 26))

@@ -171,6 +171,10 @@ class _Simulator:
         self.window_waiter: dict[tuple, _Tb] = {}
         self.recv_waiter: dict[tuple, _Tb] = {}
         self.active: dict[Hashable, set[_Message]] = defaultdict(set)
+        # a resource whose messages use it alone (a ring link; a port in a quotient run) is a
+        # processor-sharing queue: [virtual bytes served per message, when, heap of (virtual
+        # finish, seq, message), version], so a start or finish reschedules one event, not all
+        self.shared: dict[Hashable, list] = {}
         self.capacity: dict[Hashable, float] = {}
         self.busy_since: dict[Hashable, float] = {}
         self.busy_time: dict[Hashable, float] = defaultdict(float)
@@ -214,6 +218,9 @@ class _Simulator:
             elif kind == "transfer":
                 if obj.version == version and not obj.arrived:
                     self.finish_transfer(obj)
+            elif kind == "shared":
+                if self.shared[obj][3] == version:
+                    self.finish_shared(obj)
             elif kind == "local":
                 self.complete_step(obj)
         stuck = [t for t in self.tbs.values() if not t.done]
@@ -364,6 +371,18 @@ class _Simulator:
         if msg.remaining <= 0:
             self.arrive(msg)
             return
+        if len(msg.resources) == 1:
+            r = msg.resources[0]
+            queue = self.shared.get(r)
+            if queue is None:
+                queue = self.shared[r] = [0.0, self.now, [], 0]
+            self.serve(r, queue)
+            if not queue[2]:
+                self.busy_since[r] = self.now
+            self.seq += 1
+            heapq.heappush(queue[2], (queue[0] + msg.remaining, self.seq, msg))
+            self.next_finish(r, queue)
+            return
         for r in msg.resources:
             if not self.active[r]:
                 self.busy_since[r] = self.now
@@ -379,6 +398,30 @@ class _Simulator:
         affected = {m for r in msg.resources for m in self.active[r]}
         self.arrive(msg)
         self.reschedule(affected)
+
+    def serve(self, r: Hashable, queue: list) -> None:
+        """Bring a shared resource's virtual time up to now: each of its n messages got
+        capacity / n bytes per microsecond since the last change."""
+        if queue[2]:
+            queue[0] += (self.now - queue[1]) * self.capacity[r] / len(queue[2])
+        queue[1] = self.now
+
+    def next_finish(self, r: Hashable, queue: list) -> None:
+        queue[3] += 1
+        if queue[2]:
+            left = max(0.0, queue[2][0][0] - queue[0])
+            self.schedule(self.now + left * len(queue[2]) / self.capacity[r], "shared", r, queue[3])
+
+    def finish_shared(self, r: Hashable) -> None:
+        """The message of a shared resource with the least bytes left has moved them all."""
+        queue = self.shared[r]
+        self.serve(r, queue)
+        _v, _seq, msg = heapq.heappop(queue[2])
+        if not queue[2]:
+            self.busy_time[r] += self.now - self.busy_since.pop(r)
+        msg.remaining = 0.0
+        self.next_finish(r, queue)
+        self.arrive(msg)
 
     def reschedule(self, messages: set[_Message]) -> None:
         """Bring each message's bytes up to date and give it its new rate and end time."""

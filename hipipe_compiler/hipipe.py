@@ -327,16 +327,16 @@ class Search:
 
     def exact(self, plan: Plan) -> bool:
         """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
-        shifted. Checked only for candidates that could win, since it lowers four ranks."""
+        shifted. Checked only for candidates that could win."""
         from .errors import PlanError
-        from .lowering import lower, lowering_key
-        from .simulate import probe_ranks, symmetric
+        from .lowering import lowering_key, same_schedule
+        from .simulate import probe_ranks
         if plan.flat:
             return True  # simulated in full
         key = lowering_key(plan)
         if key not in self.symmetric:
             try:
-                self.symmetric[key] = symmetric(lower(plan, self.limits, ranks=[0, *probe_ranks(self.topology)]), self.topology)
+                self.symmetric[key] = same_schedule(plan, probe_ranks(self.topology), self.limits)
             except PlanError:
                 self.symmetric[key] = False
         return self.symmetric[key]

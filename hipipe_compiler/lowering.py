@@ -504,6 +504,36 @@ def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = N
         return _lower(plan, limits, ranks)
 
 
+def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -> bool:
+    """Whether each of `ranks` generates rank 0's operations (roles, ticks, types, counts and
+    fusions) with rank 0's dependencies. Lowering then gives them rank 0's program shifted
+    (simulate.symmetric), so rank 0 alone times the plan exactly; checked without emitting.
+
+    >>> from hipipe_compiler.plan import hierarchical_plan
+    >>> from hipipe_compiler.topology import preset
+    >>> same_schedule(hierarchical_plan(preset("torus-4x4"), chunks=2, max_bytes=1 << 20), [5, 15])
+    True
+    """
+    with _collector_paused():
+        gen = _Generator(plan, limits)
+        first = None
+        for rank in (0, *ranks):
+            ops = gen.generate(rank)
+            last: dict[int, _Op] = {}
+            shape = []
+            for op in ops:
+                prev = last.get(op.role)
+                fuses = op.type == "s" and prev is not None and prev.fuse and prev.dst == op.src and prev.cnt == op.cnt
+                shape.append((op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, fuses))
+                last[op.role] = op
+            signature = (shape, raw_dependencies(plan, ops))
+            if first is None:
+                first = signature
+            elif signature != first:
+                return False
+    return True
+
+
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the duration (unless already paused).

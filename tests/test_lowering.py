@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import COLLECTIVES, topologies
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.lowering import lower, lowering_key
+from hipipe_compiler.lowering import lower, lowering_key, same_schedule
 from hipipe_compiler.plan import ChunkPlan, Plan, hierarchical_plan, ring_plan
 from hipipe_compiler.runtime import Limits, piece_count
 from hipipe_compiler.topology import preset
@@ -233,3 +233,18 @@ def test_the_lowering_key_ignores_piece_limits_that_cut_nothing():
     # blocks of 4 cells: limits of 71 and 16 cells cut nothing, 1 or 2 cells do
     assert lowering_key(plan) == lowering_key(plan.with_window(1 << 21, 1 << 22))
     assert lowering_key(plan.with_window(1 << 23, 1 << 24)) != lowering_key(plan.with_window(1 << 25, 1 << 26))
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans(max_ranks=16))
+def test_ranks_with_rank_0s_operations_get_rank_0s_program_shifted(plan):
+    # the optimizer times rank 0 alone when same_schedule holds: that must be exact
+    from hipipe_compiler.simulate import probe_ranks, symmetric
+    if plan.flat:
+        return
+    probes = probe_ranks(plan.topology)
+    try:
+        program = lower(plan, ranks=[0, *probes])
+    except PlanError:
+        return
+    assert symmetric(program, plan.topology) or not same_schedule(plan, probes)

@@ -49,6 +49,8 @@ class Knobs:
     tilt: int = 0  # units moved from the major order to the next (negative: back): the LP balances an
     # idealised network, the simulator judges the real one
     bidir: bool = False  # rings reduce each block along both directions at once (n // 2 latencies, not n - 1)
+    spread: int = 1  # stages on the highest-latency dimension take this many lane groups in turn (chunk by
+    # chunk), so more of its messages are in flight to cover the latency of each
 
     @property
     def label(self) -> str:
@@ -77,6 +79,8 @@ class Knobs:
             parts.append(f"t{self.tilt:+d}")
         if self.bidir:
             parts.append("bd")
+        if self.spread > 1:
+            parts.append(f"s{self.spread}")
         if self.protocol != "Simple":
             parts.append(self.protocol)
         return "-".join(parts)
@@ -110,19 +114,31 @@ def _chunk_orders(orders: list[tuple[tuple[int, ...], float]], k: int, arrange: 
     return [(o, share) for _pos, o, share in slots]
 
 
+#: Lane numbers of the `spread` groups: group g adds g * SPREAD_STRIDE to a stage's lane.
+SPREAD_STRIDE = 1000
+
+
 def _stage_lanes(collective: str, order: tuple[int, ...], lane: int, knobs: Knobs, nlanes: int,
-                 chunk: int) -> tuple[int, ...] | None:
+                 chunk: int, slow: frozenset[int] = frozenset()) -> tuple[int, ...] | None:
     """Which lane runs each stage of a chunk.
 
     fan: reduce-scatters on the chunk's lane, in turn; the rest of chunk i on lane nlanes + i,
     beside the other chunks' (their latencies overlap). ag_lane: all-gathers on lane + nlanes.
+    spread: stages on the `slow` axes move to lane group chunk % spread.
     """
     stages = chunk_stages(collective, order)
     if knobs.fan:
-        return tuple(lane if st.kind == "rs" else nlanes + chunk for st in stages)
-    if not knobs.ag_lane:
+        lanes = [lane if st.kind == "rs" else nlanes + chunk for st in stages]
+    elif knobs.ag_lane:
+        lanes = [lane + nlanes if st.kind == "ag" else lane for st in stages]
+    elif knobs.spread > 1:
+        lanes = [lane for _st in stages]
+    else:
         return None
-    return tuple(lane + nlanes if st.kind == "ag" else lane for st in stages)
+    if knobs.spread > 1:
+        group = chunk % knobs.spread * SPREAD_STRIDE
+        lanes = [v + group if st.axis in slow else v for v, st in zip(lanes, stages)]
+    return tuple(lanes)
 
 
 def _ramped(chunks: list[tuple[tuple[int, ...], float]], ramp: int) -> list[tuple[tuple[int, ...], float]]:
@@ -212,8 +228,10 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
         lane_of = [i // len(dirs) % knobs.lanes for i in range(len(pieces))]
         nlanes = knobs.lanes
     units = _round_by_order([(order, share) for order, share, _d in pieces], total_units, knobs.tilt)
+    alpha = max(d.latency for d in topology.dimensions)
+    slow = frozenset(a for a, d in enumerate(topology.dimensions) if d.latency == alpha)
     chunks = tuple(ChunkPlan(u, order, d, lane_of[i], _stage_lanes(collective, order, lane_of[i], knobs, nlanes,
-                                                                   i // len(dirs)))
+                                                                   i // len(dirs), slow))
                    for i, (u, (order, _share, d)) in enumerate(zip(units, pieces)))
     layouts = (tuple("split" for _ in algs) if knobs.split
                else auto_layouts(topology, False, chunks, algs, knobs.protocol, max_bytes))
@@ -258,7 +276,7 @@ def lp_resize(plan: Plan, total_units: int, nbytes: float, rounds: int = 3) -> P
 # -- the search ---------------------------------------------------------------------------------
 
 #: Most pipeline chunks per loop iteration the search considers (program size grows with it).
-MAX_CHUNKS = 48
+MAX_CHUNKS = 64
 #: A window keeps its smaller neighbour's plan when that costs less than this (the two windows
 #: then share one program and file when the plan does not depend on the window).
 REUSE_TOLERANCE = 0.003
@@ -369,13 +387,15 @@ class Search:
 
 def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool) -> list[Knobs]:
     out = []
-    for chunks in sorted({max(1, k.chunks // 2), max(1, round(k.chunks * 2 / 3)), round(k.chunks * 3 / 2), k.chunks * 2}):
-        if chunks != k.chunks and chunks <= MAX_CHUNKS:
+    for chunks in sorted({max(1, k.chunks // 2), max(1, round(k.chunks * 2 / 3)), min(MAX_CHUNKS, round(k.chunks * 3 / 2)),
+                          min(MAX_CHUNKS, k.chunks * 2)}):
+        if chunks != k.chunks:
             out.append(replace(k, chunks=chunks))
     out += [replace(k, mix=not k.mix), replace(k, ag_lane=not k.ag_lane), replace(k, lp_sizes=not k.lp_sizes)]
     out += [replace(k, lanes=v) for v in (1, 2, 3) if v != k.lanes]
     out += [replace(k, granularity=v) for v in (1, 4, 8, 16) if v != k.granularity]
     out += [replace(k, ramp=v) for v in (0, 1, 2, 3) if v != k.ramp]
+    out += [replace(k, spread=v) for v in (1, 2, 3) if v != k.spread]
     out += [replace(k, protocol=v) for v in ("Simple", "LL128") if v != k.protocol]
     if k.chunks <= 8:
         out.append(replace(k, fan=not k.fan))
@@ -498,8 +518,12 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     coarse = [Knobs(1), *(Knobs(1, oneshot=True) for _ in [0] if allreduce)]
     large = nominal >= LARGE_WINDOW  # windows whose programs can be made size-independent
-    for k in (2, 4, 8, 16, 24, 32, 48):
+    for k in (2, 4, 8, 16, 24, 32, 48, 64):
         if k > max_chunks:
+            break
+        spread = [Knobs(k, mix=True, ag_lane=True, granularity=2, ramp=1, arrange="lanes", spread=v) for v in (2, 3)]
+        if k == MAX_CHUNKS:  # the finest pipelines pay only with the slow dimension's latency covered
+            coarse += spread
             break
         coarse += [Knobs(k), Knobs(k, ag_lane=True), Knobs(k, mix=True, ag_lane=True),
                    Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2)]
@@ -509,6 +533,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         if k >= 24:
             coarse += [Knobs(k, mix=True, ag_lane=True, granularity=g, ramp=r, arrange="lanes", split=large)
                        for g, r in ((4, 1), (4, 3), (2, 2), (1, 4))]
+            coarse += spread
         if allreduce and k <= 4:
             coarse.append(Knobs(k, ag_lane=True, oneshot=True))
         if k <= 8:

@@ -548,6 +548,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         return ev.knobs is None or search.exact(ev.plan)
 
     seeds_ranked = list(islice((e for e in sorted(evals, key=lambda e: e.score) if e.knobs is not None and exact(e)), 3))
+
     def spent() -> int:
         return search.evaluations - start + skipped
 
@@ -559,8 +560,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             improved = False
             for knobs in _knob_neighbours(best.knobs, allreduce, rings):
                 ev = attempt(knobs)
-                # rank 0's time steers the descent; only finalists must be exact (the check
-                # lowers four ranks, which cost more than the step's own simulation)
+                # rank 0's time steers the descent; only the seeds and finalists must be exact
+                # (the check generates the probe ranks' operations, about one more lowering)
                 if ev is not None and ev.score < best.score * (1 - 1e-6):
                     best, improved = ev, True
                     break

@@ -18,13 +18,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from .bounds import lower_bound_us
 from .lp import StageCost, chunk_sizes, order_mix
 from .plan import (
-    RING_ALGORITHMS, ChunkPlan, Plan, auto_layouts, bandwidth_order, chunk_stages, default_algorithms, default_schedule, stage_cost,
-    time_floor_us,
+    RING_ALGORITHMS, ChunkPlan, Plan, auto_layouts, bandwidth_order, chunk_stages, default_algorithms, default_schedule,
+    needs_both_directions, stage_cost, time_floor_us,
 )
 from .topology import Topology
 
@@ -208,8 +208,7 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
         algs = tuple("bidir" if a == "ring" else a for a in algs)
     if knobs.oneshot and collective == "allreduce":
         algs = tuple("oneshot" for _ in algs)
-    both = any(d.uses_both_directions and a in (*RING_ALGORITHMS, "oneshot") for d, a in zip(topology.dimensions, algs))
-    dirs = (1, -1) if both else (1,)
+    dirs = (1, -1) if needs_both_directions(topology, False, algs) else (1,)
     per_chunk = _ramped(_chunk_orders(_orders(topology, collective, knobs), knobs.chunks, knobs.arrange), knobs.ramp)
     pieces = [(order, share / len(dirs), d) for order, share in per_chunk for d in dirs]
     # a power of two, so that nchunksperloop divides the power-of-two sizes calls are made with
@@ -479,10 +478,13 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     skipped = 0  # candidates dropped by their time floor: they count toward the budget
     bound = lower_bound_us(topo, coll, nominal) or 1.0
     allreduce = coll == "allreduce"
+    def hopeless(plan: Plan, scores: Iterable[float]) -> bool:
+        """Whether the plan's time floor already loses to the best of these scores."""
+        return time_floor_us(plan, nominal) / bound > min(scores, default=math.inf) * (1 + FLOOR_MARGIN)
+
     base_evals: list[Evaluation | None] = []
     for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal):
-        best = min((ev.score for ev in base_evals if ev is not None and selectable(ev.plan)), default=math.inf)
-        if time_floor_us(plan, nominal) / bound <= best * (1 + FLOOR_MARGIN):
+        if not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle, knobs))
     # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
     # that is not a power of two), divisibility cannot steer the choice
@@ -507,8 +509,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
         if strict and not selectable(plan):
             return None
-        best = min((e.score for e in evals), default=math.inf)
-        if time_floor_us(plan, nominal) / bound > best * (1 + FLOOR_MARGIN):
+        if hopeless(plan, (e.score for e in evals)):
             skipped += 1
             return None
         ev = search.judge(plan, middle, knobs)

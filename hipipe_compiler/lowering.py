@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 
 from .errors import PlanError
 from .emission import Layout, emit, raw_dependencies, segment_cuts
-from .plan import Plan, Stage, check_plan, largest_blocks
+from .plan import Plan, Stage, check_plan, largest_blocks, ring_axis, stage_algorithm
 from .program import Program
 from .runtime import Limits, piece_count
 from .topology import Topology
@@ -257,14 +257,11 @@ class _Generator:
         prefix = tuple(self.axes[a].pos(x) for a in chunk.order[: st.depth])
         origin = tuple(self.axes[a].pos(x) for a in chunk.order[st.depth + 1:])
         fused = plan.layouts[st.axis] == "fused"
-        ring_axis = n > 2 and (plan.flat or plan.topology.dimensions[st.axis].kind == "ring")
-        alg = plan.algorithms[st.axis] if n > 2 else "direct"
-        if plan.algorithms[st.axis] == "oneshot":
-            # one-shot only replaces the last axis's reduce-scatter + all-gather
-            alg = "oneshot" if st.kind == "ar" else ("bidir" if ring_axis else "direct")
+        ring = ring_axis(plan, st.axis)
+        alg = stage_algorithm(plan, st)
         blocks = [self.block_pieces(k, st.depth, prefix, v, origin, fused, alg in ("ring", "bidir")) for v in range(n)]
         lane = chunk.lane_of(j)
-        if alg == "oneshot" and ring_axis:
+        if alg == "oneshot" and ring:
             self._ring_oneshot(ops, e, n, k, st, prefix, origin, fused, lane, chunk.direction)
         elif alg == "oneshot":
             self._oneshot(ops, e, n, k, st, prefix, origin, fused, lane)

@@ -193,13 +193,34 @@ def check_plan(plan: Plan) -> None:
 # -- the default operation order --------------------------------------------------------------
 
 
-def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
-    """alpha-beta estimate (microseconds) of one stage of chunk k when the call moves nbytes."""
+def ring_axis(plan: Plan, axis: int) -> bool:
+    """Whether an axis is a ring of more than two ranks (two ranks are one link either way)."""
+    return plan.axis_size(axis) > 2 and (plan.flat or plan.topology.dimensions[axis].kind == "ring")
+
+
+def stage_algorithm(plan: Plan, stage: Stage) -> str:
+    """How a stage runs: its axis's algorithm, except that an axis of two ranks is one direct
+    exchange, and a one-shot axis runs only its all-reduce stage in one shot (its other
+    stages run as both-way rings, or directly on a switch)."""
+    alg = plan.algorithms[stage.axis]
+    if alg == "oneshot":
+        return "oneshot" if stage.kind == "ar" else ("bidir" if ring_axis(plan, stage.axis) else "direct")
+    return alg if plan.axis_size(stage.axis) > 2 else "direct"
+
+
+def stage_bytes(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
+    """The bytes per rank a stage of chunk k works on: the chunk's share of the call, divided
+    by the sizes of the axes it has already reduce-scattered over."""
     chunk = plan.chunks[k]
-    share = chunk.units / plan.units
-    data = nbytes * share
+    data = nbytes * (chunk.units / plan.units)
     for a in chunk.order[: stage.depth]:
         data /= plan.axis_size(a)
+    return data
+
+
+def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
+    """alpha-beta estimate (microseconds) of one stage of chunk k when the call moves nbytes."""
+    data = stage_bytes(plan, k, stage, nbytes)
     n = plan.axis_size(stage.axis)
     if plan.flat:
         alpha = max(d.latency for d in plan.topology.dimensions)
@@ -209,13 +230,10 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
         alpha = dim.latency
         bw = dim.bandwidth / (2 if dim.uses_both_directions else 1)
     bpus = bw * 1e3  # bytes per microsecond
-    alg = plan.algorithms[stage.axis]
-    ring_axis = plan.flat or plan.topology.dimensions[stage.axis].kind == "ring"
-    if alg == "oneshot" and stage.kind == "ar":
+    alg = stage_algorithm(plan, stage)
+    if alg == "oneshot":
         # switch: one exchange; ring: n // 2 flooding rounds, each link carrying half the copies
-        return (n // 2 if ring_axis and n > 2 else 1) * alpha + (n - 1) * data / bpus
-    if alg == "oneshot":  # the other stages of a one-shot axis (lowering runs rings both ways there)
-        alg = "bidir" if ring_axis and n > 2 else "direct"
+        return (n // 2 if ring_axis(plan, stage.axis) else 1) * alpha + (n - 1) * data / bpus
     if alg == "ring":
         one = (n - 1) * (alpha + data / n / bpus)
     elif alg == "bidir":  # the longer chain's latencies; the two directions' links share the bytes
@@ -242,19 +260,17 @@ def time_floor_us(plan: Plan, nbytes: float) -> float:
     capacity = [sum(d.bandwidth for d in topo.dimensions)] if plan.flat else [d.bandwidth for d in topo.dimensions]
     wire = [0.0] * len(capacity)
     chain = 0.0
-    for k, chunk in enumerate(plan.chunks):
+    for k in range(len(plan.chunks)):
         path = 0.0
         for st in plan.stages(k):
-            data = nbytes * chunk.units / plan.units / math.prod(plan.axis_size(a) for a in chunk.order[:st.depth])
+            data = stage_bytes(plan, k, st, nbytes)
             n = plan.axis_size(st.axis)
-            alg = plan.algorithms[st.axis]
-            ring = n > 2 and (plan.flat or topo.dimensions[st.axis].kind == "ring")
-            if alg == "oneshot" and st.kind == "ar":  # every rank's block reaches n - 1 peers
-                sent, hops = (n - 1) * data, (n // 2 if ring else 1)
+            alg = stage_algorithm(plan, st)
+            if alg == "oneshot":  # every rank's block reaches n - 1 peers
+                sent, hops = (n - 1) * data, (n // 2 if ring_axis(plan, st.axis) else 1)
             else:
                 passes = 2 if st.kind == "ar" else 1
-                hops = {"ring": n - 1, "bidir": n // 2}.get(alg, n // 2 if alg == "oneshot" and ring else 1)
-                sent, hops = passes * (n - 1) / n * data, passes * hops
+                sent, hops = passes * (n - 1) / n * data, passes * {"ring": n - 1, "bidir": n // 2}.get(alg, 1)
             wire[st.axis] += sent / WIRE_EFFICIENCY[plan.protocol]
             path += hops * alphas[st.axis]
         chain = max(chain, path)
@@ -381,7 +397,9 @@ def bandwidth_order(topology: Topology) -> tuple[int, ...]:
     return tuple(sorted(range(topology.ndims), key=lambda d: (-topology.dimensions[d].bandwidth, d)))
 
 
-def _needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[str]) -> bool:
+def needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[str]) -> bool:
+    """Whether chunks come in pairs, one per ring direction: some ring of more than two ranks
+    is run by ring (a flat ring uses one direction)."""
     if flat:
         return False
     # one-shot axes still reduce-scatter and all-gather by ring when they are not last
@@ -425,7 +443,7 @@ def hierarchical_plan(
         raise InputError(None, "chunks", f"expected an integer >= 1, got {chunks}")
     algs = tuple(algorithms) if algorithms is not None else default_algorithms(topology)
     order_list = list(orders) if orders is not None else [bandwidth_order(topology)]
-    plan_chunks = uniform_chunks(chunks, order_list, _needs_both_directions(topology, False, algs), lanes)
+    plan_chunks = uniform_chunks(chunks, order_list, needs_both_directions(topology, False, algs), lanes)
     lays = tuple(layouts) if layouts is not None else auto_layouts(topology, False, plan_chunks, algs, protocol, max_bytes)
     plan = Plan(
         topology=topology, collective=collective, chunks=plan_chunks, algorithms=algs, layouts=lays, protocol=protocol, min_bytes=min_bytes, max_bytes=max_bytes,

@@ -8,9 +8,11 @@ Checks, in order:
 2. connections: per (channel, sender, receiver) the send and receive sequences agree in
    number and cnt;
 3. execution with the runtime's bounded connection FIFOs at the worst size of the window:
-   deadlock freedom (reporting the cycle of waiting steps), and at the same time the
-   collective's semantics by symbolic execution (which rank's input chunk sits where);
-4. races: two threadblocks of a rank touching the same chunk, at least one writing, with
+   deadlock freedom (reporting the cycle of waiting steps); on the way every step gets a
+   level (one more than the steps it follows), so steps of one level are unordered;
+4. semantics by symbolic execution, a level at a time in array operations (which rank's
+   input chunk sits where);
+5. races: two threadblocks of a rank touching the same chunk, at least one writing, with
    no order between them through dependencies or messages.
 
 >>> from hipipe_compiler.topology import preset
@@ -24,6 +26,7 @@ Checks, in order:
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
@@ -34,10 +37,24 @@ from .runtime import (
     iterations, max_allowed_count,
 )
 from .program import (
-    BUFFERS, RECEIVING_TYPES, SENDING_TYPES, Gpu, Program, Step, Threadblock, buffer_chunks,
+    BUFFERS, READING_TYPES, RECEIVING_TYPES, REDUCING_TYPES, SENDING_TYPES, STEP_TYPES, WRITING_TYPES, Gpu, Program,
+    Step, Threadblock, buffer_chunks,
 )
 
 MAX_CNT = MAX_COUNT
+
+_BUF_INDEX = {"i": 0, "o": 1, "s": 2}
+_TYPE_INDEX = {t: i for i, t in enumerate(STEP_TYPES)}
+
+
+def _type_mask(types: frozenset[str] | set[str]) -> np.ndarray:
+    return np.array([t in types for t in STEP_TYPES])
+
+
+_READS, _WRITES = _type_mask(READING_TYPES), _type_mask(WRITING_TYPES)
+_TAKES = _type_mask(RECEIVING_TYPES)  # the received payload is (an operand of) the result
+_REDUCES = _type_mask(REDUCING_TYPES)
+_RE = _TYPE_INDEX["re"]
 SEMANTIC_COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall")
 
 
@@ -313,16 +330,39 @@ def _mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-class _Aliasing:
-    """Where a (rank, buffer, chunk) really lives when the call is in place (msccl-runtime.md 8.4)."""
+class _Memory:
+    """Every rank's buffers laid end to end in one array, in-place aliasing resolved
+    (msccl-runtime.md 8.4): chunk `off` of buffer b on rank r lives at start[r, b] + off.
+    One extra cell at the end (`size`) takes the accesses a step does not make."""
 
     def __init__(self, p: Program, inplace: bool) -> None:
         self.p = p
         self.inplace = inplace
         n, k = p.ngpus, p.nchunksperloop
         self.per = k // n if p.collective in ("allgather", "reducescatter", "alltoall") and k % n == 0 else k
+        self.logical = buffer_chunks(p.collective, n, k)
+        gpu_s = {g.id: g.s_chunks for g in p.gpus}
+        regions: dict[tuple[int, str], int] = {}
+        self.start = np.zeros((n, len(BUFFERS)), dtype=np.int64)
+        size = 0
+        for r in range(n):
+            for b, buf in enumerate(BUFFERS):
+                r2, buf2, shift = self.key(r, buf, 0)
+                if (r2, buf2) not in regions:
+                    regions[(r2, buf2)] = size
+                    size += gpu_s.get(r2, 0) if buf2 == "s" else self.logical[buf2]
+                self.start[r, b] = regions[(r2, buf2)] + shift
+        self.size = size
+        self.regions = sorted((start, key) for key, start in regions.items())
+
+    def locate(self, cell: int) -> tuple[int, str, int]:
+        """The (rank, buffer, chunk) a cell belongs to."""
+        i = bisect_right(self.regions, (cell, (math.inf, ""))) - 1
+        start, (rank, buf) = self.regions[i]
+        return rank, buf, cell - start
 
     def key(self, rank: int, buf: str, off: int) -> tuple[int, str, int]:
+        """The (rank, buffer, chunk) that (rank, buf, off) really is."""
         if not self.inplace:
             return rank, buf, off
         coll = self.p.collective
@@ -335,33 +375,25 @@ class _Aliasing:
         return rank, buf, off
 
 
-class _Values(_Aliasing):
-    """Symbolic buffer contents of every rank: per chunk an identity, a contribution count and
-    a 64-bit sum of the contributors' random weights (exact up to a 2^-64 collision chance).
+class _Values:
+    """Symbolic contents of every rank's buffers: per chunk an identity, a contribution count
+    and a 64-bit sum of the contributors' random weights (exact up to a 2^-64 collision
+    chance): one int64 row of three per `_Memory` cell, so a chunk moves as one 24-byte
+    copy (the sum wraps around as uint64 would)."""
 
-    Each (rank, buffer) is one int64 array of three rows (identity, count, weight sum; the
-    sum wraps around as uint64 would), so a step's read, write and reduce are one numpy
-    operation each rather than three: the verifier runs one per step of every rank."""
-
-    def __init__(self, p: Program, inplace: bool) -> None:
-        super().__init__(p, inplace)
-        n, k = p.ngpus, p.nchunksperloop
-        self.logical = buffer_chunks(p.collective, n, k)
+    def __init__(self, p: Program, memory: _Memory) -> None:
+        self.p = p
+        self.memory = memory
+        self.inplace = memory.inplace
+        self.logical = memory.logical
+        n = p.ngpus
+        self.per = memory.per
         ranks = np.arange(n, dtype=np.uint64)
         self.weight = _mix64(ranks * np.uint64(2654435761) + np.uint64(12345)).view(np.int64)
-        self.store: dict[tuple[int, str], np.ndarray] = {}
-        gpu_s = {g.id: g.s_chunks for g in p.gpus}
+        self.cells = np.zeros((memory.size + 1, 3), dtype=np.int64)
+        self.cells[:, 0] = -1
+        size = self.logical["i"]
         for r in range(n):
-            for buf in BUFFERS:
-                key = self.key(r, buf, 0)[:2]
-                if key in self.store:
-                    continue
-                size = gpu_s.get(r, 0) if key[1] == "s" else self.logical[key[1]]
-                cells = np.zeros((3, size), dtype=np.int64)
-                cells[0] = -1
-                self.store[key] = cells
-        for r in range(n):
-            size = self.logical["i"]
             self.write(r, "i", 0, np.stack([self._input_ident(r, size), np.ones(size, dtype=np.int64),
                                             np.full(size, self.weight[r], dtype=np.int64)]))
 
@@ -373,13 +405,13 @@ class _Values(_Aliasing):
         return r * size + idx  # (origin rank, chunk): the data itself moves
 
     def read(self, rank: int, buf: str, off: int, cnt: int) -> np.ndarray:
-        """Rows (identity, count, weight sum) of cnt chunks from off, as a copy."""
-        r, b, o = self.key(rank, buf, off)
-        return self.store[(r, b)][:, o:o + cnt].copy()
+        """Rows (identity, count, weight sum) of cnt chunks from off."""
+        at = int(self.memory.start[rank, _BUF_INDEX[buf]]) + off
+        return self.cells[at:at + cnt].T
 
     def write(self, rank: int, buf: str, off: int, value: np.ndarray) -> None:
-        r, b, o = self.key(rank, buf, off)
-        self.store[(r, b)][:, o:o + value.shape[1]] = value
+        at = int(self.memory.start[rank, _BUF_INDEX[buf]]) + off
+        self.cells[at:at + value.shape[1]] = value.T
 
     def expected_output(self, rank: int) -> np.ndarray:
         coll, n = self.p.collective, self.p.ngpus
@@ -404,13 +436,25 @@ class _Values(_Aliasing):
 class _TbState:
     rank: int
     tb: Threadblock
+    me: int  # index into _Execution.states
     reals: list[int]  # positions of real steps
     deps: list[list[tuple[int, int]]]  # per real step: (tb id, step position) it waits for
+    real_at: list[int]  # per position: index into reals of the last real step at or before it (-1: none)
+    # per real step: (position, receives, sends, messages, dependencies as (state index, position))
+    plan: list[tuple[int, bool, bool, int, tuple[tuple[int, int], ...]]]
+    conn_in: int = -1  # index of the connection it receives on
+    conn_out: int = -1  # and sends on
     index: int = 0  # into reals
     unit: int = 0  # messages of the current step done
     iteration: int = 0
     done: bool = False
     waiting: tuple[int, int, int] | None = None
+    level: int = -1  # level of the step started last
+    levels: list[int] = field(default_factory=list)  # per real step: its level in iteration 0 (-1: not started)
+
+    def started(self) -> int:
+        """How many real steps of the first iteration have started (all, once it is over)."""
+        return len(self.reals) if self.iteration else self.index + (self.unit > 0)
 
 
 class _Execution:
@@ -418,157 +462,163 @@ class _Execution:
 
     FIFOs are counted in messages (a step of cnt chunks is several messages at large sizes)
     and progress is batched: a threadblock moves as many messages of its current step as
-    the FIFOs allow. Values, when tracked, move a whole step at a time: every step on a
-    connection is matched by exactly one step at the other end, so a step's payload is
-    handed over with its first message.
+    the FIFOs allow. On the way it gives every step of the first iteration a level, one more
+    than the levels of the steps it follows (in its threadblock, through dependencies and
+    through the message it receives): steps of one level are unordered, so the semantics and
+    the race check can take each level in one vectorised step. Threadblocks and connections
+    are numbered, so the inner loop works on lists.
     """
 
-    def __init__(self, p: Program, capacity: int, messages: dict[int, int], loops: int,
-                 values: list[_Values], out: _Collector) -> None:
+    def __init__(self, p: Program, capacity: int, messages: dict[int, int], loops: int, out: _Collector) -> None:
         self.p = p
         self.capacity = capacity
-        self.msgs = messages  # cnt -> messages per step
         self.iterations = loops
-        self.values = values
         self.out = out
-        self.tbs: dict[tuple[int, int], _TbState] = {}
+        keys = [(g.id, tb.id) for g in p.gpus for tb in g.threadblocks]
+        number = {key: i for i, key in enumerate(keys)}
+        conns: dict[tuple[int, int, int], int] = {}
+        self.states: list[_TbState] = []
         for g in p.gpus:
             for tb in g.threadblocks:
-                reals, deps, pending = [], [], []
+                reals, deps, pending, real_at, plan = [], [], [], [], []
                 for pos, st in enumerate(tb.steps):
                     if st.depid >= 0:
                         pending.append((st.depid, st.deps))
                     if st.type != "nop":
                         reals.append(pos)
                         deps.append(pending)
+                        waits = tuple((number[(g.id, d)], q) for d, q in pending if (g.id, d) in number) if pending else ()
+                        units = 1 if st.type in ("cpy", "re") else messages[st.cnt]
+                        plan.append((pos, st.type in RECEIVING_TYPES, st.type in SENDING_TYPES, units, waits))
                         pending = []
-                self.tbs[(g.id, tb.id)] = _TbState(g.id, tb, reals, deps)
-        # progress[(rank, tb)] = (iteration, last completed position) for dependency flags
-        self.progress: dict[tuple[int, int], tuple[int, int]] = {k: (0, -1) for k in self.tbs}
-        self.count: dict[tuple[int, int, int], int] = defaultdict(int)  # messages in each FIFO
-        self.payloads: dict[tuple[int, int, int], deque] = defaultdict(deque)  # one per sending step
-        self.sender_tb: dict[tuple[int, int, int], tuple[int, int]] = {}
-        self.receiver_tb: dict[tuple[int, int, int], tuple[int, int]] = {}
-        for (rank, tid), st in self.tbs.items():
-            if st.tb.send >= 0:
-                self.sender_tb[(st.tb.chan, rank, st.tb.send)] = (rank, tid)
-            if st.tb.recv >= 0:
-                self.receiver_tb[(st.tb.chan, st.tb.recv, rank)] = (rank, tid)
-        self.waiters: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)
-        self.semantic_errors = 0
-        self.modes = ["in place" if v.inplace else "out of place" for v in values]
+                    real_at.append(len(reals) - 1)
+                state = _TbState(g.id, tb, len(self.states), reals, deps, real_at, plan, levels=[-1] * len(reals))
+                if tb.recv >= 0:
+                    state.conn_in = conns.setdefault((tb.chan, tb.recv, g.id), len(conns))
+                if tb.send >= 0:
+                    state.conn_out = conns.setdefault((tb.chan, g.id, tb.send), len(conns))
+                self.states.append(state)
+        self.tbs: dict[tuple[int, int], _TbState] = dict(zip(keys, self.states))
+        self.conns = list(conns)
+        self.count = [0] * len(conns)  # messages in each FIFO
+        self.sent_levels: list[deque] = [deque() for _ in conns]  # one per sending step
+        self.sender = [-1] * len(conns)
+        self.receiver = [-1] * len(conns)
+        for st in self.states:
+            if st.conn_out >= 0:
+                self.sender[st.conn_out] = st.me
+            if st.conn_in >= 0:
+                self.receiver[st.conn_in] = st.me
+        # dependency flags: the iteration and last completed position of each threadblock
+        self.done_iteration = [0] * len(self.states)
+        self.done_pos = [-1] * len(self.states)
+        self.waiters: dict[int, set[int]] = defaultdict(set)
 
     def step(self, st: _TbState) -> Step:
         return st.tb.steps[st.reals[st.index]]
 
-    def units(self, step: Step) -> int:
-        if step.type in ("cpy", "re"):
-            return 1
-        return self.msgs[step.cnt]
+    def unmet(self, st: _TbState) -> list[int]:
+        """The threadblocks whose progress the current step still waits for."""
+        return [t for t, q in st.plan[st.index][4] if self.done_iteration[t] < st.iteration
+                or (self.done_iteration[t] == st.iteration and self.done_pos[t] < q)]
 
     def deps_met(self, st: _TbState, register: bool = False) -> bool:
-        for depid, deps in st.deps[st.index]:
-            key = (st.rank, depid)
-            if key not in self.progress:
-                continue
-            it, pos = self.progress[key]
-            if it < st.iteration or (it == st.iteration and pos < deps):
+        done_iteration, done_pos, iteration = self.done_iteration, self.done_pos, st.iteration
+        for t, q in st.plan[st.index][4]:
+            it = done_iteration[t]
+            if it < iteration or (it == iteration and done_pos[t] < q):
                 if register:
-                    self.waiters[key].add((st.rank, st.tb.id))
+                    self.waiters[t].add(st.me)
                 return False
         return True
-
-    def out_conn(self, st: _TbState) -> tuple[int, int, int]:
-        return (st.tb.chan, st.rank, st.tb.send)
-
-    def in_conn(self, st: _TbState) -> tuple[int, int, int]:
-        return (st.tb.chan, st.tb.recv, st.rank)
 
     def rendezvous_ok(self, st: _TbState, depth: int = 0) -> bool:
         """With no room left, a message can still go if its receiver is waiting for it now
         (and, for a fused receiver, can pass it on in turn)."""
-        conn = self.out_conn(st)
+        conn = st.conn_out
         if depth > 64 or self.count[conn]:
             return False
-        rk = self.receiver_tb.get(conn)
-        if rk is None:
+        r = self.receiver[conn]
+        if r < 0:
             return False
-        rs = self.tbs[rk]
+        rs = self.states[r]
         if rs.done or (rs.unit == 0 and not self.deps_met(rs)):
             return False
-        rstep = self.step(rs)
-        if rstep.type not in RECEIVING_TYPES:
+        _pos, receives, sends, _units, _waits = rs.plan[rs.index]
+        if not receives:
             return False
-        if rstep.type in SENDING_TYPES:
-            out = self.out_conn(rs)
-            return self.count[out] < self.capacity or self.rendezvous_ok(rs, depth + 1)
+        if sends:
+            return self.count[rs.conn_out] < self.capacity or self.rendezvous_ok(rs, depth + 1)
         return True
 
     def run(self) -> list[tuple[int, int]]:
         """Run to completion or to a stop; return the threadblocks left unfinished."""
-        queue = deque(sorted(self.tbs))
+        order = sorted(range(len(self.states)), key=lambda i: (self.states[i].rank, self.states[i].tb.id))
+        queue = deque(order)
         queued = set(queue)
+        states = self.states
         while queue:
-            key = queue.popleft()
-            queued.discard(key)
-            for w in self.advance(self.tbs[key]):
+            i = queue.popleft()
+            queued.discard(i)
+            for w in self.advance(states[i]):
                 if w not in queued:
                     queued.add(w)
                     queue.append(w)
-        return [k for k, st in self.tbs.items() if not st.done]
+        return [(st.rank, st.tb.id) for st in states if not st.done]
 
-    def advance(self, st: _TbState) -> set[tuple[int, int]]:
-        woken: set[tuple[int, int]] = set()
+    def advance(self, st: _TbState) -> set[int]:
+        woken: set[int] = set()
+        count, capacity = self.count, self.capacity
         while not st.done:
             if not st.reals:
                 self.finish_iteration(st, woken)
                 continue
-            if st.unit == 0 and not self.deps_met(st, register=True):
+            pos, receives, sends, total, waits = st.plan[st.index]
+            if waits and st.unit == 0 and not self.deps_met(st, register=True):
                 return woken
-            step = self.step(st)
-            total = self.units(step)
             k = total - st.unit
-            receives = step.type in RECEIVING_TYPES
-            sends = step.type in SENDING_TYPES
             if receives:
-                conn_in = self.in_conn(st)
-                k = min(k, self.count[conn_in])
+                conn_in = st.conn_in
+                k = min(k, count[conn_in])
                 if k == 0:
                     marker = (st.iteration, st.index, st.unit)
-                    if self.capacity == 0 and st.waiting != marker:
+                    if capacity == 0 and st.waiting != marker:
                         st.waiting = marker  # a rendezvous sender may hand over now: let it retry once
-                        sk = self.sender_tb.get(conn_in)
-                        if sk is not None:
-                            woken.add(sk)
+                        woken.add(self.sender[conn_in])
                     return woken
             if sends:
-                conn_out = self.out_conn(st)
-                room = self.capacity - self.count[conn_out]
+                conn_out = st.conn_out
+                room = capacity - count[conn_out]
                 if room <= 0 and self.rendezvous_ok(st):
                     room = 1
                 k = min(k, room)
                 if k <= 0:
                     return woken
             if st.unit == 0:
-                payload = self.payloads[conn_in].popleft() if receives else None
-                result = self.execute(st, step, payload)
+                level = st.level
+                if receives:
+                    level = max(level, self.sent_levels[conn_in].popleft())
+                if st.iteration == 0:
+                    for t, q in waits:
+                        target = self.states[t]
+                        if 0 <= q < len(target.real_at) and target.real_at[q] >= 0:
+                            level = max(level, target.levels[target.real_at[q]])
+                    level += 1
+                    st.levels[st.index] = level
+                st.level = level
                 if sends:
-                    self.payloads[conn_out].append(result)
+                    self.sent_levels[conn_out].append(level)
             if receives:
-                self.count[conn_in] -= k
-                sk = self.sender_tb.get(conn_in)
-                if sk is not None:
-                    woken.add(sk)
+                count[conn_in] -= k
+                woken.add(self.sender[conn_in])
             if sends:
-                self.count[conn_out] += k
-                rk = self.receiver_tb.get(conn_out)
-                if rk is not None:
-                    woken.add(rk)
+                count[conn_out] += k
+                woken.add(self.receiver[conn_out])
             st.unit += k
             if st.unit >= total:
                 st.unit = 0
-                self.progress[(st.rank, st.tb.id)] = (st.iteration, st.reals[st.index])
-                woken.update(self.waiters.pop((st.rank, st.tb.id), ()))
+                self.done_iteration[st.me], self.done_pos[st.me] = st.iteration, pos
+                woken.update(self.waiters.pop(st.me, ()))
                 st.index += 1
                 if st.index >= len(st.reals):
                     self.finish_iteration(st, woken)
@@ -578,67 +628,11 @@ class _Execution:
         st.iteration += 1
         st.index = 0
         if st.reals:
-            self.progress[(st.rank, st.tb.id)] = (st.iteration - 1, st.reals[-1])
+            self.done_iteration[st.me], self.done_pos[st.me] = st.iteration - 1, st.reals[-1]
         if st.iteration >= self.iterations:
             st.done = True
-            self.progress[(st.rank, st.tb.id)] = (self.iterations, -1)
-        woken.update(self.waiters.pop((st.rank, st.tb.id), ()))
-
-    def execute(self, st: _TbState, step: Step, payload: list | None) -> list | None:
-        """A whole step's effect on the tracked values (iteration 0 only); returns what it sends."""
-        if st.iteration != 0 or not self.values:
-            return None
-        rank, tid, pos = st.rank, st.tb.id, st.reals[st.index]
-        t, n = step.type, step.cnt
-        results = []
-        for m, vals in enumerate(self.values):
-            local = result = None
-            if t in ("s", "rrs", "rrc", "rrcs", "cpy", "re"):
-                local = vals.read(rank, step.srcbuf, step.srcoff, n)
-                if local[0].min(initial=0) < 0:
-                    j = int(np.argmax(local[0] < 0))
-                    self.semantic("semantics.uninitialized-read", f"{self.modes[m]}: reads {step.srcbuf}"
-                                  f"[{step.srcoff + j}] before anything was written there", rank, tid, pos)
-            received = payload[m] if payload is not None else None
-            if t in ("s", "cpy"):
-                result = local
-            elif t in ("r", "rcs"):
-                result = received
-            elif t in ("rrs", "rrc", "rrcs"):
-                result = self.reduce(received, local, rank, tid, pos, step)
-            elif t == "re":
-                result = self.reduce(vals.read(rank, step.dstbuf, step.dstoff, n), local, rank, tid, pos, step)
-            if t in ("r", "rcs", "rrc", "rrcs", "cpy", "re") and result is not None:
-                vals.write(rank, step.dstbuf, step.dstoff, result)
-            results.append(result)
-        return results
-
-    def reduce(self, a, b, rank: int, tid: int, pos: int, step: Step):
-        if a is None or b is None:
-            return None
-        result = a + b  # counts and weight sums add; the identity row is fixed below
-        ai, bi = a[0], b[0]
-        if not np.array_equal(ai, bi):
-            bad = (ai != bi) & (ai >= 0) & (bi >= 0)
-            if bad.any():
-                j = int(np.argmax(bad))
-                self.semantic("semantics.reduce-mismatch",
-                              f"reduces chunk identity {int(bi[j])} into {int(ai[j])} at {step.srcbuf}[{step.srcoff + j}]: "
-                              "the operands belong to different chunks", rank, tid, pos)
-            result[0] = np.where(ai < 0, bi, ai)
-        else:
-            result[0] = ai
-        count = result[1]
-        if count.max(initial=0) > self.p.ngpus:
-            over = count > self.p.ngpus
-            self.semantic("semantics.duplicate", "a reduction counts some rank's contribution twice "
-                          f"({int(count[np.argmax(over)])} contributions from {self.p.ngpus} ranks)", rank, tid, pos)
-        return result
-
-    def semantic(self, rule: str, message: str, rank: int, tid: int, pos: int) -> None:
-        if self.semantic_errors < 20:
-            self.out.add(rule, message, rank, tid, pos)
-        self.semantic_errors += 1
+            self.done_iteration[st.me], self.done_pos[st.me] = self.iterations, -1
+        woken.update(self.waiters.pop(st.me, ()))
 
     # -- deadlock report
     def waiting_for(self, key: tuple[int, int]) -> tuple[str, list[tuple[int, int]]]:
@@ -646,19 +640,15 @@ class _Execution:
         step = self.step(st)
         pos = st.reals[st.index]
         if st.unit == 0 and not self.deps_met(st):
-            targets = []
-            for depid, deps in st.deps[st.index]:
-                k = (st.rank, depid)
-                if k in self.progress:
-                    it, done = self.progress[k]
-                    if it < st.iteration or (it == st.iteration and done < deps):
-                        targets.append(k)
+            targets = [(self.states[t].rank, self.states[t].tb.id) for t in self.unmet(st)]
             return f"step {pos} ({step.type}) waits for its dependencies", targets
-        if step.type in RECEIVING_TYPES and not self.count[self.in_conn(st)]:
-            sk = self.sender_tb.get(self.in_conn(st))
-            return f"step {pos} ({step.type}) waits to receive from rank {st.tb.recv} on channel {st.tb.chan}", [sk] if sk else []
-        rk = self.receiver_tb.get(self.out_conn(st))
-        return f"step {pos} ({step.type}) waits for room to send to rank {st.tb.send} on channel {st.tb.chan}", [rk] if rk else []
+        if step.type in RECEIVING_TYPES and not self.count[st.conn_in]:
+            s = self.sender[st.conn_in]
+            return (f"step {pos} ({step.type}) waits to receive from rank {st.tb.recv} on channel {st.tb.chan}",
+                    [(self.states[s].rank, self.states[s].tb.id)] if s >= 0 else [])
+        r = self.receiver[st.conn_out]
+        return (f"step {pos} ({step.type}) waits for room to send to rank {st.tb.send} on channel {st.tb.chan}",
+                [(self.states[r].rank, self.states[r].tb.id)] if r >= 0 else [])
 
 
 def _deadlock_report(ex: _Execution, stuck: list[tuple[int, int]], out: _Collector) -> None:
@@ -721,18 +711,212 @@ def fifo_model(p: Program, nbytes: int | None = None, rendezvous: bool = False) 
     return capacity, max_allowed, loops
 
 
-def _execute(p: Program, conns: dict, opts: VerifyOptions, out: _Collector, modes: list[bool]) -> tuple[bool, _Execution]:
+def _execute(p: Program, opts: VerifyOptions, out: _Collector) -> tuple[bool, _Execution]:
     capacity, max_allowed, loops = fifo_model(p, opts.nbytes, opts.rendezvous)
     if loops > MAX_ITERATIONS:
         out.add("limits.iterations", f"{loops} loop iterations at {opts.nbytes or p.max_bytes} bytes; the flag encoding allows {MAX_ITERATIONS}")
     messages = {c: max(1, math.ceil(c / max_allowed)) for c in range(0, MAX_CNT + 1)}
-    values = [_Values(p, inplace) for inplace in modes]
-    ex = _Execution(p, capacity, messages, min(loops, 2), values, out)
+    ex = _Execution(p, capacity, messages, min(loops, 2), out)
     stuck = ex.run()
     if stuck:
         _deadlock_report(ex, stuck, out)
         return False, ex
     return True, ex
+
+
+# -- semantics: symbolic execution a level at a time ------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Table:
+    """The real steps of the first iteration that started (every one, when the program runs
+    to completion) as numpy columns, one row per step, grouped by rank (in the program's
+    order) and threadblock, in step order."""
+
+    rank: np.ndarray
+    tid: np.ndarray
+    col: np.ndarray  # the threadblock's index on its rank
+    pos: np.ndarray
+    level: np.ndarray
+    kind: np.ndarray  # index into STEP_TYPES
+    srcbuf: np.ndarray
+    srcoff: np.ndarray
+    dstbuf: np.ndarray
+    dstoff: np.ndarray
+    cnt: np.ndarray
+    prev: np.ndarray  # row of the threadblock's previous real step, or -1
+    dep_row: np.ndarray  # each dependency on another threadblock: the waiting row...
+    dep_target: np.ndarray  # ...and the row it waits for (the last real step at or before its target)
+    send_of: np.ndarray  # for a receiving row: the row of the sending step it is matched with, else -1
+    rank_rows: tuple[tuple[int, int, int], ...]  # per rank: (first row, end row, threadblocks)
+
+    def ref(self, row: int) -> StepRef:
+        return int(self.rank[row]), int(self.tid[row]), int(self.pos[row])
+
+
+def _table(p: Program, ex: _Execution) -> _Table:
+    cols: dict[str, list] = {name: [] for name in ("rank", "tid", "col", "pos", "level", "kind", "srcbuf", "srcoff",
+                                                   "dstbuf", "dstoff", "cnt", "prev")}
+    dep_row: list[int] = []
+    dep_target: list[int] = []
+    sender_rows: dict[tuple[int, int, int], list[int]] = {}
+    receiver_rows: dict[tuple[int, int, int], list[int]] = {}
+    base: dict[tuple[int, int], int] = {}
+    rank_rows = []
+    row = 0
+    for g in p.gpus:
+        first = row
+        for tb in g.threadblocks:
+            base[(g.id, tb.id)] = row
+            row += ex.tbs[(g.id, tb.id)].started()
+        rank_rows.append((first, row, len(g.threadblocks)))
+    for g in p.gpus:
+        for c, tb in enumerate(g.threadblocks):
+            st = ex.tbs[(g.id, tb.id)]
+            reals = st.reals[:st.started()]
+            steps = [tb.steps[pos] for pos in reals]
+            m, b = len(steps), base[(g.id, tb.id)]
+            cols["rank"] += [g.id] * m
+            cols["tid"] += [tb.id] * m
+            cols["col"] += [c] * m
+            cols["pos"] += reals
+            cols["level"] += st.levels[:len(reals)]
+            kinds = [_TYPE_INDEX[s.type] for s in steps]
+            cols["kind"] += kinds
+            cols["srcbuf"] += [_BUF_INDEX.get(s.srcbuf, 0) for s in steps]
+            cols["srcoff"] += [s.srcoff for s in steps]
+            cols["dstbuf"] += [_BUF_INDEX.get(s.dstbuf, 0) for s in steps]
+            cols["dstoff"] += [s.dstoff for s in steps]
+            cols["cnt"] += [s.cnt for s in steps]
+            cols["prev"] += range(b - 1, b + m - 1)
+            if m:
+                cols["prev"][-m] = -1
+            for i, deps in enumerate(st.deps[:len(reals)]):
+                for depid, d in deps:
+                    target = ex.tbs.get((g.id, depid))
+                    if depid != tb.id and target is not None and 0 <= d < len(target.real_at) and target.real_at[d] >= 0:
+                        dep_row.append(b + i)
+                        dep_target.append(base[(g.id, depid)] + target.real_at[d])
+            if tb.send >= 0:
+                sender_rows[(tb.chan, g.id, tb.send)] = [b + i for i, k in enumerate(kinds) if STEP_TYPES[k] in SENDING_TYPES]
+            if tb.recv >= 0:
+                receiver_rows[(tb.chan, tb.recv, g.id)] = [b + i for i, k in enumerate(kinds) if STEP_TYPES[k] in RECEIVING_TYPES]
+    arrays = {name: np.asarray(values, dtype=np.int64) for name, values in cols.items()}
+    send_of = np.full(row, -1, dtype=np.int64)
+    for conn, recvs in receiver_rows.items():
+        if recvs:
+            send_of[recvs] = sender_rows[conn]  # equal in number: the connection check ran first
+    return _Table(**arrays, dep_row=np.asarray(dep_row, dtype=np.int64), dep_target=np.asarray(dep_target, dtype=np.int64),
+                  send_of=send_of, rank_rows=tuple(rank_rows))
+
+
+def _level_bounds(levels: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) of each run of equal values in a sorted array."""
+    cuts = np.flatnonzero(levels[1:] != levels[:-1]) + 1
+    edges = [0, *cuts.tolist(), len(levels)]
+    return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def _semantics(p: Program, t: _Table, modes: list[bool], out: _Collector) -> list[_Values]:
+    """Symbolic execution of the first iteration, one level at a time, for each mode (in
+    place, out of place): each level's steps read, receive, reduce and write all their
+    chunks in a few array operations. Steps of one level are unordered, so where they touch
+    the same chunk the race check reports it. What a level sends is kept until the last
+    level that receives it."""
+    memories = [_Memory(p, inplace) for inplace in modes]
+    values = [_Values(p, memory) for memory in memories]
+    names = ["in place" if inplace else "out of place" for inplace in modes]
+    nrows = len(t.level)
+    order = np.argsort(t.level, kind="stable")
+    bounds = _level_bounds(t.level[order])
+    sizes = [b - a for a, b in bounds]
+    level_of = np.empty(nrows, dtype=np.int64)  # row -> index into bounds
+    level_of[order] = np.repeat(np.arange(len(bounds)), sizes)
+    cnt = t.cnt[order]
+    first = np.cumsum(cnt) - cnt
+    within = np.empty(nrows, dtype=np.int64)  # row -> its first chunk's place in its level's arrays
+    within[order] = first - np.repeat(first[[a for a, _b in bounds]], sizes)
+    receivers = np.flatnonzero(t.send_of >= 0)
+    last_use = np.full(len(bounds), -1, dtype=np.int64)  # the last level receiving what a level sends
+    np.maximum.at(last_use, level_of[t.send_of[receivers]], level_of[receivers])
+    kept: dict[int, list[np.ndarray]] = {}
+    n = p.ngpus
+    budget = 20  # semantic violations reported, over both modes
+    for li, (sa, sb) in enumerate(bounds):
+        rows, c = order[sa:sb], cnt[sa:sb]
+        row = np.repeat(rows, c)
+        j = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(first[sa:sb] - first[sa], c)
+        kinds = t.kind[rows]
+        kind = np.repeat(kinds, c)
+        reads, writes, takes, reduces = _READS[kind], _WRITES[kind], _TAKES[kind], _REDUCES[kind]
+        step_src = [np.where(_READS[kinds], memory.start[t.rank[rows], t.srcbuf[rows]] + t.srcoff[rows], memory.size)
+                    for memory in memories]
+        step_dst = [np.where(_WRITES[kinds], memory.start[t.rank[rows], t.dstbuf[rows]] + t.dstoff[rows], memory.size)
+                    for memory in memories]
+        j_read, j_write = np.where(reads, j, 0), np.where(writes, j, 0)
+        if takes.any():
+            take_at = np.flatnonzero(takes)
+            sender = t.send_of[row[take_at]]
+            from_level = level_of[sender]
+            from_place = within[sender] + j[take_at]
+            sources = np.unique(from_level).tolist()
+        red_at = np.flatnonzero(reduces)
+        re_at = red_at[kind[red_at] == _RE]
+        results = []
+        for m, (memory, vals) in enumerate(zip(memories, values)):
+            cells = vals.cells
+            src = np.repeat(step_src[m], c) + j_read
+            dst = np.repeat(step_dst[m], c) + j_write
+            local = cells[src]
+            result = local.copy()
+            if takes.any():
+                for lv in sources:
+                    sel = from_level == lv
+                    result[take_at[sel]] = kept[lv][m][from_place[sel]]
+            found: list[tuple[int, int, str, str]] = []  # (element, check, rule, message)
+            if len(red_at):
+                x = result[red_at]  # the received operand, or for `re` the destination's own value
+                if len(re_at):
+                    x[np.searchsorted(red_at, re_at)] = cells[dst[re_at]]
+                y = local[red_at]
+                total = x + y  # counts and weight sums add; identities must agree
+                total[:, 0] = np.where(x[:, 0] < 0, y[:, 0], x[:, 0])
+                result[red_at] = total
+                if budget > 0:
+                    mismatch = np.flatnonzero((x[:, 0] != y[:, 0]) & (x[:, 0] >= 0) & (y[:, 0] >= 0))
+                    for k in _first_per_step(mismatch, row[red_at]):
+                        e = int(red_at[k])
+                        found.append((e, 1, "semantics.reduce-mismatch",
+                                      f"reduces chunk identity {int(y[k, 0])} into {int(x[k, 0])} at "
+                                      f"{BUFFERS[int(t.srcbuf[row[e]])]}[{int(t.srcoff[row[e]] + j[e])}]: the operands belong to different chunks"))
+                    for k in _first_per_step(np.flatnonzero(total[:, 1] > n), row[red_at]):
+                        found.append((int(red_at[k]), 2, "semantics.duplicate", "a reduction counts some rank's contribution "
+                                      f"twice ({int(total[k, 1])} contributions from {n} ranks)"))
+            if budget > 0:
+                for e in _first_per_step(np.flatnonzero(reads & (local[:, 0] < 0)), row):
+                    found.append((e, 0, "semantics.uninitialized-read", f"{names[m]}: reads "
+                                  f"{BUFFERS[int(t.srcbuf[row[e]])]}[{int(t.srcoff[row[e]] + j[e])}] before anything was written there"))
+            for e, _check, rule, message in sorted(found, key=lambda f: (int(row[f[0]]), f[1])):
+                if budget > 0:
+                    out.add(rule, message, *t.ref(int(row[e])))
+                budget -= 1
+            cells[dst] = result
+            results.append(result)
+        if last_use[li] > li:
+            kept[li] = results
+        for lv in [lv for lv in kept if last_use[lv] <= li]:
+            del kept[lv]
+    return values
+
+
+def _first_per_step(elements: np.ndarray, row: np.ndarray) -> list[int]:
+    """Of the given (sorted) indices into `row`, the first of each step."""
+    if not len(elements):
+        return []
+    rows = row[elements]
+    keep = np.ones(len(elements), dtype=bool)
+    keep[1:] = rows[1:] != rows[:-1]
+    return elements[keep].tolist()
 
 
 def _check_results(p: Program, values: _Values, mode: str, out: _Collector) -> None:
@@ -761,97 +945,41 @@ def _check_results(p: Program, values: _Values, mode: str, out: _Collector) -> N
 # -- races ------------------------------------------------------------------------------------
 
 
-_BUF_INDEX = {"i": 0, "o": 1, "s": 2}
+#: The race check takes ranks in batches of at most this many vector clock entries and
+#: chunk accesses (or one rank), to keep its arrays to tens of MiB.
+_CLOCK_ENTRIES = 1 << 22
+_BATCH_CHUNKS = 1 << 18
 
 
-def _races(p: Program, conns: dict, inplace: bool, out: _Collector) -> None:
+def _races(p: Program, t: _Table, conns: dict, inplace: bool, out: _Collector) -> None:
     """Conflicting accesses from different threadblocks of a rank must be ordered.
 
-    Per rank, accesses to each chunk are taken in a linear extension of the rank's
-    happens-before order (threadblock order plus dependencies); every read must follow the
-    last write, and every write the last write and the reads since (the usual last-writer
-    check, linear in the number of accesses). Pairs left unordered are then searched for in
-    the global order, which also runs through messages to other ranks and back.
+    Each step gets a vector clock over its rank's threadblocks (the last step of each that
+    happens before it through threadblock order and dependencies), computed a level at a
+    time for a batch of ranks. Accesses to each chunk are taken in level order; every read
+    must follow the last write, and every write the last write and the reads since (the
+    usual last-writer check, linear in the number of accesses). Pairs left unordered are
+    then searched for in the global order, which also runs through messages to other ranks
+    and back.
     """
-    alias = _Aliasing(p, inplace)
-    stride = max([p.nchunksperloop] + [g.s_chunks for g in p.gpus]) + 1
+    memory = _Memory(p, inplace)
     candidates: list[tuple[StepRef, StepRef, str, int]] = []
-    for g in p.gpus:
-        order = _rank_topo_order(g)
-        if order is None:
-            out.add("dep.cycle", "the dependencies of this rank form a cycle: the runtime would hang", g.id)
-            continue
-        tb_index = {tb.id: i for i, tb in enumerate(g.threadblocks)}
-        tbs = {tb.id: tb for tb in g.threadblocks}
-        nsteps = len(order)
-        vc = np.full((nsteps, len(tb_index)), -1, dtype=np.int64)
-        where: dict[tuple[int, int], int] = {}
-        starts, counts, steps_of, writes = [], [], [], []
-        for idx, (tid, pos) in enumerate(order):
-            tb = tbs[tid]
-            row = vc[where[(tid, pos - 1)]].copy() if pos > 0 else vc[idx]
-            for dtid, dpos in _step_deps(tb, pos):
-                j = where.get((dtid, dpos))
-                if j is not None:
-                    np.maximum(row, vc[j], out=row)
-            row[tb_index[tid]] = pos
-            vc[idx] = row
-            where[(tid, pos)] = idx
-            st = tb.steps[pos]
-            if st.type == "nop" or not 1 <= st.cnt <= MAX_CNT:
-                continue
-            for buf, off, is_write in ((st.srcbuf, st.srcoff, False), (st.dstbuf, st.dstoff, True)):
-                if (is_write and st.type in ("r", "rcs", "rrc", "rrcs", "cpy", "re")) or (
-                        not is_write and st.type in ("s", "rrs", "rrc", "rrcs", "cpy", "re")):
-                    _r, b, o = alias.key(g.id, buf, off)
-                    starts.append(_BUF_INDEX[b] * stride + o)
-                    counts.append(st.cnt)
-                    steps_of.append(idx)
-                    writes.append(is_write)
-        if not starts:
-            continue
-        cnt = np.asarray(counts, dtype=np.int64)
-        total = int(cnt.sum())
-        first = np.repeat(np.cumsum(cnt) - cnt, cnt)
-        slot = np.repeat(np.asarray(starts, dtype=np.int64), cnt) + (np.arange(total) - first)
-        step = np.repeat(np.asarray(steps_of, dtype=np.int64), cnt)
-        wr = np.repeat(np.asarray(writes, dtype=bool), cnt)
-        srt = np.lexsort((~wr, step, slot))  # by slot, then execution order (a read before a write of one step)
-        slot, step, wr = slot[srt], step[srt], wr[srt]
-        n = len(slot)
-        idx = np.arange(n)
-        new_group = np.ones(n, dtype=bool)
-        new_group[1:] = slot[1:] != slot[:-1]
-        group_start = np.maximum.accumulate(np.where(new_group, idx, 0))
-        last_write = np.maximum.accumulate(np.where(wr, idx, -1))
-        prev_write = np.full(n, -1, dtype=np.int64)
-        prev_write[1:] = last_write[:-1]
-        prev_write = np.where(prev_write >= group_start, prev_write, -1)
-        # reads: against the last write; writes: against everything since the last write
-        lo = np.where(wr, np.maximum(prev_write, group_start), prev_write)
-        lo = np.where(~wr & (prev_write < 0), idx, lo)
-        npairs = np.where(wr, idx - lo, np.where(prev_write >= 0, 1, 0))
-        later = np.repeat(idx, npairs)
-        offsets = np.arange(int(npairs.sum())) - np.repeat(np.cumsum(npairs) - npairs, npairs)
-        earlier = np.repeat(lo, npairs) + offsets
-        a_step, b_step = step[earlier], step[later]
-        order_arr = np.asarray(order, dtype=np.int64)
-        a_tb, b_tb = order_arr[a_step, 0], order_arr[b_step, 0]
-        a_pos = order_arr[a_step, 1]
-        a_tbi = np.asarray([tb_index[t] for t in a_tb.tolist()], dtype=np.int64) if len(a_tb) else a_tb
-        diff = a_tb != b_tb
-        ordered = vc[b_step, a_tbi] >= a_pos if len(a_tb) else diff
-        bad = np.flatnonzero(diff & ~ordered)
-        seen: set[tuple[int, int]] = set()
-        for k in bad.tolist():
-            pair = (int(a_step[k]), int(b_step[k]))
-            if pair in seen:
-                continue
-            seen.add(pair)
-            a_ref = (g.id, *order[pair[0]])
-            b_ref = (g.id, *order[pair[1]])
-            rule = "race.write-write" if wr[earlier[k]] and wr[later[k]] else "race.read-write"
-            candidates.append((a_ref, b_ref, rule, int(slot[later[k]])))
+    touched = (_READS[t.kind].astype(np.int64) + _WRITES[t.kind]) * t.cnt  # chunks each step reads and writes
+    ends = np.concatenate([[0], np.cumsum(touched)])
+    groups: list[tuple[int, int]] = []  # row ranges of whole ranks whose accesses are checked together
+    width = 0
+    for first, end, ntbs in t.rank_rows:
+        lo = groups[0][0] if groups else first
+        if groups and (end - lo) * max(width, ntbs) > _CLOCK_ENTRIES:
+            candidates += _unordered(t, memory, groups, width)
+            groups, width, lo = [], 0, first
+        if groups and ends[end] - ends[groups[-1][0]] <= _BATCH_CHUNKS:
+            groups[-1] = (groups[-1][0], end)
+        else:
+            groups.append((first, end))
+        width = max(width, ntbs)
+    if groups:
+        candidates += _unordered(t, memory, groups, width)
     if not candidates:
         return
     # confirm with the global happens-before graph (orders through other ranks' messages)
@@ -867,15 +995,101 @@ def _races(p: Program, conns: dict, inplace: bool, out: _Collector) -> None:
             for pos in range(len(tb.steps)):
                 for dtid, dpos in _step_deps(tb, pos):
                     dep_next[(g.id, dtid, dpos)].append((g.id, tb.id, pos))
-    names = {v: k for k, v in _BUF_INDEX.items()}
-    for checked, (a, b, rule, slot_id) in enumerate(candidates):
+    for checked, (a, b, rule, slot) in enumerate(candidates):
         if checked < 200 and _reaches(a, b, msg_next, dep_next, tb_len):
             continue
-        where_txt = f"{names[slot_id // stride]}[{slot_id % stride}]"
-        out.add(rule, f"threadblocks {a[1]} (step {a[2]}) and {b[1]} (step {b[2]}) both touch {where_txt}, "
+        r, buf, off = memory.locate(slot)
+        out.add(rule, f"threadblocks {a[1]} (step {a[2]}) and {b[1]} (step {b[2]}) both touch {buf}[{off}], "
                 f"{'both writing' if rule == 'race.write-write' else 'one writing what the other reads'}, "
                 f"with no order between them through dependencies or messages{' (in place)' if inplace else ''}",
                 a[0], b[1], b[2])
+
+
+def _unordered(t: _Table, memory: _Memory, groups: list[tuple[int, int]], width: int) -> list[tuple[StepRef, StepRef, str, int]]:
+    """Conflicting pairs of accesses among the rows of `groups` (consecutive row ranges of
+    whole ranks) that the ranks' own order (threadblock order and dependencies) leaves
+    unordered. Vector clocks are computed for all groups at once, a level at a time; the
+    accesses one group at a time."""
+    lo, hi = groups[0][0], groups[-1][1]
+    n = hi - lo
+    if n == 0:
+        return []
+    srt = np.argsort(t.level[lo:hi], kind="stable")  # a linear extension of each rank's order
+    at = np.empty(n, dtype=np.int64)
+    at[srt] = np.arange(n)  # row - lo -> its place in srt
+    rows = srt + lo
+    prev = t.prev[rows]
+    prev = np.where(prev >= 0, at[np.maximum(prev - lo, 0)], n)  # n: the clock of no step
+    inside = (t.dep_row >= lo) & (t.dep_row < hi)
+    d_row = at[t.dep_row[inside] - lo]
+    d_tgt = at[t.dep_target[inside] - lo]
+    by = np.argsort(d_row, kind="stable")
+    d_row, d_tgt = d_row[by], d_tgt[by]
+    col, pos = t.col[rows], t.pos[rows]
+    clock = np.full((n + 1, width), -1, dtype=np.int32)
+    for a, b in _level_bounds(t.level[rows]):
+        acc = clock[prev[a:b]]
+        da, db = np.searchsorted(d_row, (a, b))
+        if db > da:
+            np.maximum.at(acc, d_row[da:db] - a, clock[d_tgt[da:db]])
+        acc[np.arange(b - a), col[a:b]] = pos[a:b]
+        clock[a:b] = acc
+    out: list[tuple[StepRef, StepRef, str, int]] = []
+    for glo, ghi in groups:
+        places = np.sort(at[glo - lo:ghi - lo])
+        out += _conflicts(t, memory, rows, places, clock, col, pos)
+    return out
+
+
+def _conflicts(t: _Table, memory: _Memory, rows: np.ndarray, places: np.ndarray, clock: np.ndarray,
+               col: np.ndarray, pos: np.ndarray) -> list[tuple[StepRef, StepRef, str, int]]:
+    """The last-writer check over the accesses of the steps at `places` (in level order)."""
+    sel = rows[places]
+    kind, cnt, rank = t.kind[sel], t.cnt[sel], t.rank[sel]
+    reads, writes = _READS[kind], _WRITES[kind]
+    starts = np.concatenate([memory.start[rank, t.srcbuf[sel]] + t.srcoff[sel], memory.start[rank, t.dstbuf[sel]] + t.dstoff[sel]])
+    used = np.concatenate([reads, writes])
+    starts, counts = starts[used], np.concatenate([cnt, cnt])[used]
+    steps = np.concatenate([places, places])[used]
+    wr = np.concatenate([np.zeros(len(sel), dtype=bool), np.ones(len(sel), dtype=bool)])[used]
+    if not len(starts):
+        return []
+    total = int(counts.sum())
+    first = np.repeat(np.cumsum(counts) - counts, counts)
+    slot = np.repeat(starts, counts) + (np.arange(total) - first)
+    step = np.repeat(steps, counts)
+    wr = np.repeat(wr, counts)
+    srt2 = np.lexsort((~wr, step, slot))  # by cell, then order (a read before a write of one step)
+    slot, step, wr = slot[srt2], step[srt2], wr[srt2]
+    m = len(slot)
+    idx = np.arange(m)
+    new_group = np.ones(m, dtype=bool)
+    new_group[1:] = slot[1:] != slot[:-1]
+    group_start = np.maximum.accumulate(np.where(new_group, idx, 0))
+    last_write = np.maximum.accumulate(np.where(wr, idx, -1))
+    prev_write = np.full(m, -1, dtype=np.int64)
+    prev_write[1:] = last_write[:-1]
+    prev_write = np.where(prev_write >= group_start, prev_write, -1)
+    # reads: against the last write; writes: against everything since the last write
+    first_pair = np.where(wr, np.maximum(prev_write, group_start), prev_write)
+    first_pair = np.where(~wr & (prev_write < 0), idx, first_pair)
+    npairs = np.where(wr, idx - first_pair, np.where(prev_write >= 0, 1, 0))
+    later = np.repeat(idx, npairs)
+    offsets = np.arange(int(npairs.sum())) - np.repeat(np.cumsum(npairs) - npairs, npairs)
+    earlier = np.repeat(first_pair, npairs) + offsets
+    a_step, b_step = step[earlier], step[later]
+    ordered = clock[b_step, col[a_step]] >= pos[a_step]
+    bad = np.flatnonzero((col[a_step] != col[b_step]) & ~ordered)
+    out: list[tuple[StepRef, StepRef, str, int]] = []
+    seen: set[tuple[int, int]] = set()
+    for k in bad.tolist():
+        pair = (int(a_step[k]), int(b_step[k]))
+        if pair in seen:
+            continue
+        seen.add(pair)
+        rule = "race.write-write" if wr[earlier[k]] and wr[later[k]] else "race.read-write"
+        out.append((t.ref(int(rows[pair[0]])), t.ref(int(rows[pair[1]])), rule, int(slot[later[k]])))
+    return out
 
 
 def _step_deps(tb: Threadblock, pos: int) -> list[tuple[int, int]]:
@@ -890,39 +1104,6 @@ def _step_deps(tb: Threadblock, pos: int) -> list[tuple[int, int]]:
             deps.append((tb.steps[j].depid, tb.steps[j].deps))
         j -= 1
     return deps
-
-
-def _rank_topo_order(g: Gpu) -> list[tuple[int, int]] | None:
-    indeg: dict[tuple[int, int], int] = {}
-    succ: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
-    ids = {tb.id for tb in g.threadblocks}
-    for tb in g.threadblocks:
-        for pos in range(len(tb.steps)):
-            node = (tb.id, pos)
-            preds = set()
-            if pos > 0:
-                preds.add((tb.id, pos - 1))
-            for dtid, dpos in _step_deps(tb, pos):
-                if dtid in ids and dtid != tb.id:
-                    preds.add((dtid, dpos))
-            indeg[node] = len(preds)
-            for pnode in preds:
-                succ[pnode].append(node)
-    valid = set(indeg)
-    for node in list(succ):
-        if node not in valid:
-            for s in succ.pop(node):
-                indeg[s] -= 1
-    order = [n for n, d in indeg.items() if d == 0]
-    head = 0
-    while head < len(order):
-        node = order[head]
-        head += 1
-        for s in succ.get(node, []):
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                order.append(s)
-    return order if len(order) == len(indeg) else None
 
 
 def _reaches(a: StepRef, b: StepRef, msg_next: dict, dep_next: dict, tb_len: dict, limit: int = 200000) -> bool:
@@ -964,16 +1145,18 @@ def verify(program: Program, options: VerifyOptions = VerifyOptions()) -> Report
     modes = [m for m, on in ((True, program.inplace), (False, program.outofplace)) if on] if semantic else []
     if not semantic:
         skipped.append(f"semantics not checked: no reference semantics for {program.collective} (the XML names no root)")
-    ok, ex = _execute(program, conns, options, out, modes)
+    ok, ex = _execute(program, options, out)
     checked.append("deadlock")
+    table = _table(program, ex)
     if not ok:
-        skipped.append("semantics and races not checked: the program does not run to completion")
+        _semantics(program, table, modes, out)  # what went wrong on the way may explain the deadlock
+        skipped.append("results and races not checked: the program does not run to completion")
     else:
-        for vals in ex.values:
-            _check_results(program, vals, "in place" if vals.inplace else "out of place", out)
+        for values in _semantics(program, table, modes, out):
+            _check_results(program, values, "in place" if values.inplace else "out of place", out)
         if modes:
             checked.append("semantics")
-        _races(program, conns, program.inplace, out)
+        _races(program, table, conns, program.inplace, out)
         checked.append("races")
     stats = {"ranks": program.ngpus, "steps": program.nsteps, "threadblocks": program.max_threadblocks}
     return Report(tuple(out.items), tuple(checked), tuple(skipped), stats)

@@ -230,19 +230,13 @@ def emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[
             f"{limits.max_steps} steps each); the runtime allows {limits.max_channels}; use fewer chunks or lanes")
 
     # threadblock keys in a fixed order: (role, segment)
-    role_cuts = [cuts.get((role.axis, role.lane), []) if role.axis >= 0 else [] for role in gen.roles]
-    per_rank_segs = [_segments(ops, role_cuts) for ops in per_rank_ops]
+    per_rank_segs = [_segments(ops, _role_cuts(gen, cuts)) for ops in per_rank_ops]
     tb_keys: list[tuple[int, int]] = sorted({(op.role, g) for op, g in zip(per_rank_ops[0], per_rank_segs[0])})
     if any({(op.role, g) for op, g in zip(ops, segs)} != set(tb_keys)
            for ops, segs in zip(per_rank_ops[1:], per_rank_segs[1:])):
         raise PlanError("internal error: ranks disagree on their threadblocks")
     ntb = len(tb_keys)
-    if ntb > limits.max_threadblocks:
-        raise PlanError(
-            f"the plan needs {ntb} threadblocks per rank; the budget is {limits.max_threadblocks} "
-            f"(all threadblocks must be resident at once); use fewer lanes, chunks, or a ring inside large switch dimensions")
-    if ntb > limits.max_depid + 1:
-        raise PlanError(f"the plan needs {ntb} threadblocks; dependencies can only name threadblocks 0..{limits.max_depid}")
+    check_threadblocks(ntb, limits)
     role_tbs: list[dict[int, int]] = [{} for _ in gen.roles]  # role -> segment -> threadblock
     for t, (role, seg) in enumerate(tb_keys):
         role_tbs[role][seg] = t
@@ -275,11 +269,8 @@ def emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[
             raise PlanError(f"the plan needs {layout.s_used} scratch chunks; offsets are stored as int16 by the runtime, "
                             f"so at most {limits.max_offset + 1}; use fewer or smaller chunks")
     nops_per_op = [layout.nops for layout in layouts]
-    nodes = 1 + nranks + max(ntb + sum(layout.tb_steps) for layout in layouts)
-    if nodes > limits.max_nodes and not overflow:
-        raise PlanError(
-            f"a rank's share of the XML has {nodes} nodes (algo + every gpu + its threadblocks and steps); "
-            f"the runtime's reader holds {limits.max_nodes}; use fewer chunks")
+    if not overflow:
+        check_nodes(nranks, max(ntb + sum(layout.tb_steps) for layout in layouts), limits)
     if overflow or not build:
         return None, overflow, nops_per_op
 
@@ -301,6 +292,41 @@ def emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[
         inplace=True, outofplace=True, min_bytes=plan.min_bytes, max_bytes=plan.max_bytes, gpus=tuple(gpus),
     )
     return program, overflow, nops_per_op
+
+
+def threadblocks_at_least(gen: _Generator, ops: list[_Op], cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> int:
+    """A rank's threadblocks with these cuts: more cuts (after overflow) only add to them."""
+    return len({(op.role, g) for op, g in zip(ops, _segments(ops, _role_cuts(gen, cuts)))})
+
+
+def steps_at_least(ops: list[_Op], fuses: list[bool]) -> int:
+    """A rank's steps: one per operation but the sends that fuse (nops come on top)."""
+    return len(ops) - sum(fuses)
+
+
+def check_threadblocks(ntb: int, limits: Limits) -> None:
+    """PlanError unless a rank's `ntb` threadblocks fit the runtime."""
+    if ntb > limits.max_threadblocks:
+        raise PlanError(
+            f"the plan needs {ntb} threadblocks per rank; the budget is {limits.max_threadblocks} "
+            f"(all threadblocks must be resident at once); use fewer lanes, chunks, or a ring inside large switch dimensions")
+    if ntb > limits.max_depid + 1:
+        raise PlanError(f"the plan needs {ntb} threadblocks; dependencies can only name threadblocks 0..{limits.max_depid}")
+
+
+def check_nodes(nranks: int, rank_nodes: int, limits: Limits) -> None:
+    """PlanError unless the XML nodes a rank loads (its threadblocks and steps, `rank_nodes`,
+    with the algo node and every gpu node) fit the runtime's reader."""
+    nodes = 1 + nranks + rank_nodes
+    if nodes > limits.max_nodes:
+        raise PlanError(
+            f"a rank's share of the XML has {nodes} nodes (algo + every gpu + its threadblocks and steps); "
+            f"the runtime's reader holds {limits.max_nodes}; use fewer chunks")
+
+
+def _role_cuts(gen: _Generator, cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> list[list[tuple[int, int, int]]]:
+    """Each role's cuts (those of its axis and lane)."""
+    return [cuts.get((role.axis, role.lane), []) if role.axis >= 0 else [] for role in gen.roles]
 
 
 def _channels(cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> tuple[dict[tuple[int, int], int], int]:

@@ -30,7 +30,9 @@ from functools import lru_cache
 from typing import Any, Iterator, Sequence
 
 from .errors import PlanError
-from .emission import Layout, emit, raw_dependencies, segment_cuts
+from .emission import (
+    Layout, check_nodes, check_threadblocks, emit, raw_dependencies, segment_cuts, steps_at_least, threadblocks_at_least,
+)
 from .plan import Plan, Stage, check_plan, largest_blocks, ring_axis, stage_algorithm
 from .program import Program
 from .runtime import Limits, piece_count
@@ -516,19 +518,32 @@ def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -
         first = None
         for rank in (0, *ranks):
             ops = gen.generate(rank)
-            last: dict[int, _Op] = {}
-            shape = []
-            for op in ops:
-                prev = last.get(op.role)
-                fuses = op.type == "s" and prev is not None and prev.fuse and prev.dst == op.src and prev.cnt == op.cnt
-                shape.append((op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, fuses))
-                last[op.role] = op
+            shape = [(op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, f) for op, f in zip(ops, _fusing_sends(ops))]
             signature = (shape, raw_dependencies(plan, ops))
             if first is None:
                 first = signature
             elif signature != first:
                 return False
     return True
+
+
+def _footprint(gen: _Generator, ops: list[_Op], cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> tuple[int, int]:
+    """(threadblocks, threadblocks + steps) a rank with these operations needs at least:
+    more cuts and the nops that carry extra dependencies only add to them."""
+    ntb = threadblocks_at_least(gen, ops, cuts)
+    return ntb, ntb + steps_at_least(ops, _fusing_sends(ops))
+
+
+def _fusing_sends(ops: list[_Op]) -> list[bool]:
+    """Per op, whether it is a send of what its role's previous op (a fusing receive) got:
+    emission can fuse the two into one step."""
+    last: dict[int, _Op] = {}
+    out = []
+    for op in ops:
+        prev = last.get(op.role)
+        out.append(op.type == "s" and prev is not None and prev.fuse and prev.dst == op.src and prev.cnt == op.cnt)
+        last[op.role] = op
+    return out
 
 
 @contextmanager
@@ -559,6 +574,11 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
     gen = _Generator(plan, limits)
     chosen = list(range(plan.topology.nranks)) if ranks is None else list(ranks)
     per_rank_ops = [gen.generate(r) for r in chosen]
+    # what the first rank needs at least, before the costly passes: many candidates fail here
+    first_cuts = segment_cuts(gen, per_rank_ops[:1], {}, [[0] * len(per_rank_ops[0])])
+    ntb, rank_nodes = _footprint(gen, per_rank_ops[0], first_cuts)
+    check_threadblocks(ntb, limits)
+    check_nodes(plan.topology.nranks, rank_nodes, limits)
     raw = [raw_dependencies(plan, ops) for ops in per_rank_ops]
 
     # Segment with rank 0 alone first (cheap), then emit every rank with those budgets; ranks
@@ -573,8 +593,8 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
             extra = [list(extra[0]) if len(ops) == len(extra[0]) else [0] * len(ops) for ops in per_rank_ops]
         # the probe's program is only kept when it is the whole answer
         build = phase == "all" or len(chosen) == 1
-        for _attempt in range(12):
-            cuts = segment_cuts(gen, ops_, budgets, extra)
+        for attempt in range(12):
+            cuts = first_cuts if phase == "probe" and attempt == 0 else segment_cuts(gen, ops_, budgets, extra)
             program, overflow, nops = emit(plan, gen, ranks_, ops_, raw_, cuts, limits, build, first)
             if not overflow:
                 break

@@ -1,6 +1,7 @@
 """Lowering: every program we emit verifies and stays within the runtime's limits."""
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -119,6 +120,33 @@ def test_unsplittable_threadblock_budget_is_refused_with_a_reason():
     from hipipe_compiler.runtime import Limits as L
     with pytest.raises(PlanError, match="threadblocks"):
         lower(plan, L(max_threadblocks=8))
+
+
+def test_the_xml_reader_limit_refuses_one_node_too_many_and_no_fewer():
+    plan = hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", chunks=8, max_bytes=1 << 30)
+    program = lower(plan)
+    nodes = 1 + program.ngpus + max(len(g.threadblocks) + sum(len(tb.steps) for tb in g.threadblocks) for g in program.gpus)
+    with pytest.raises(PlanError, match="nodes"):
+        lower(plan, replace(Limits(), max_nodes=nodes - 1))
+    assert lower(plan, replace(Limits(), max_nodes=nodes)) == program
+
+
+@settings(max_examples=60, deadline=None)
+@given(plans(max_ranks=16))
+def test_the_early_footprint_never_exceeds_the_lowered_programs(plan):
+    # lowering refuses a plan from this floor before its costly passes: it must be a floor
+    from hipipe_compiler.emission import segment_cuts
+    from hipipe_compiler.lowering import _footprint, _Generator
+    try:
+        program = lower(plan)
+    except PlanError:
+        return
+    gen = _Generator(plan, Limits())
+    for gpu in program.gpus:
+        ops = gen.generate(gpu.id)
+        ntb, rank_nodes = _footprint(gen, ops, segment_cuts(gen, [ops], {}, [[0] * len(ops)]))
+        assert ntb <= len(gpu.threadblocks)
+        assert rank_nodes <= len(gpu.threadblocks) + sum(len(tb.steps) for tb in gpu.threadblocks)
 
 
 def test_lanes_run_chunks_on_separate_channels():

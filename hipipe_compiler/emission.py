@@ -304,24 +304,25 @@ def steps_at_least(ops: list[_Op], fuses: list[bool]) -> int:
     return len(ops) - sum(fuses)
 
 
-def check_threadblocks(ntb: int, limits: Limits) -> None:
-    """PlanError unless a rank's `ntb` threadblocks fit the runtime."""
+def check_threadblocks(ntb: int, limits: Limits, floor: bool = False) -> None:
+    """PlanError unless a rank's `ntb` threadblocks (at least, with `floor`) fit the runtime."""
+    needs = f"at least {ntb}" if floor else str(ntb)
     if ntb > limits.max_threadblocks:
         raise PlanError(
-            f"the plan needs {ntb} threadblocks per rank; the budget is {limits.max_threadblocks} "
+            f"the plan needs {needs} threadblocks per rank; the budget is {limits.max_threadblocks} "
             f"(all threadblocks must be resident at once); use fewer lanes, chunks, or a ring inside large switch dimensions")
     if ntb > limits.max_depid + 1:
-        raise PlanError(f"the plan needs {ntb} threadblocks; dependencies can only name threadblocks 0..{limits.max_depid}")
+        raise PlanError(f"the plan needs {needs} threadblocks; dependencies can only name threadblocks 0..{limits.max_depid}")
 
 
-def check_nodes(nranks: int, rank_nodes: int, limits: Limits) -> None:
-    """PlanError unless the XML nodes a rank loads (its threadblocks and steps, `rank_nodes`,
-    with the algo node and every gpu node) fit the runtime's reader."""
+def check_nodes(nranks: int, rank_nodes: int, limits: Limits, floor: bool = False) -> None:
+    """PlanError unless the XML nodes a rank loads (its threadblocks and steps, `rank_nodes`
+    or at least that with `floor`, with the algo node and every gpu node) fit the reader."""
     nodes = 1 + nranks + rank_nodes
     if nodes > limits.max_nodes:
         raise PlanError(
-            f"a rank's share of the XML has {nodes} nodes (algo + every gpu + its threadblocks and steps); "
-            f"the runtime's reader holds {limits.max_nodes}; use fewer chunks")
+            f"a rank's share of the XML has {'at least ' if floor else ''}{nodes} nodes (algo + every gpu + its "
+            f"threadblocks and steps); the runtime's reader holds {limits.max_nodes}; use fewer chunks")
 
 
 def _role_cuts(gen: _Generator, cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> list[list[tuple[int, int, int]]]:

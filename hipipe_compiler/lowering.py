@@ -176,7 +176,8 @@ class _Generator:
         self.axes = [_Axis(plan.topology, plan.flat, a) for a in range(plan.naxes)]
         self.cells = _Cells(plan, self.axes)
         self.roles: list[_Role] = []
-        self.role_index: dict[_Role, int] = {}
+        self.role_index: dict[tuple[int, int, str, int, str], int] = {}
+        self.piece_memo: dict[tuple, list[tuple[int, int]]] = {}
         self.nch = plan.nchunksperloop
         self.ring_pieces = piece_count(plan.protocol, plan.max_bytes, self.nch, ring=True)
         self.direct_pieces = piece_count(plan.protocol, plan.max_bytes, self.nch, ring=False)
@@ -184,11 +185,12 @@ class _Generator:
         self.ndepth = plan.naxes
 
     def role(self, axis: int, lane: int, algorithm: str, offset: int, side: str) -> int:
-        key = _Role(axis, lane, algorithm, offset, side)
-        if key not in self.role_index:
-            self.role_index[key] = len(self.roles)
-            self.roles.append(key)
-        return self.role_index[key]
+        key = (axis, lane, algorithm, offset, side)
+        index = self.role_index.get(key)
+        if index is None:
+            index = self.role_index[key] = len(self.roles)
+            self.roles.append(_Role(*key))
+        return index
 
     # locations of the data a stage reads and writes, as buffer names
     def rs_input(self, depth: int) -> str:
@@ -224,7 +226,18 @@ class _Generator:
         An all-reduce block too big for one step is cut along the blocks of the chunk's next
         axis, taken in order from the rank's own position there (then recursively): each
         piece then depends on the same relative peer's work on every rank. Cutting at fixed
-        offsets would make piece i depend on different peers on different ranks."""
+        offsets would make piece i depend on different peers on different ranks.
+
+        Memoised (the all-gather of a block cuts it as its reduce-scatter did); callers must
+        not change the list."""
+        key = (k, depth, prefix, v, origin, fused, ring)
+        out = self.piece_memo.get(key)
+        if out is None:
+            out = self.piece_memo[key] = self._block_pieces(k, depth, prefix, v, origin, fused, ring)
+        return out
+
+    def _block_pieces(self, k: int, depth: int, prefix: tuple[int, ...], v: int, origin: tuple[int, ...],
+                      fused: bool, ring: bool) -> list[tuple[int, int]]:
         ranges = self.cells.block(k, depth, prefix, v, origin)
         size = (self.ring_pieces if ring else self.direct_pieces) if fused else self.limits.max_count
         order = self.plan.chunks[k].order
@@ -577,8 +590,8 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
     # what the first rank needs at least, before the costly passes: many candidates fail here
     first_cuts = segment_cuts(gen, per_rank_ops[:1], {}, [[0] * len(per_rank_ops[0])])
     ntb, rank_nodes = _footprint(gen, per_rank_ops[0], first_cuts)
-    check_threadblocks(ntb, limits)
-    check_nodes(plan.topology.nranks, rank_nodes, limits)
+    check_threadblocks(ntb, limits, floor=True)
+    check_nodes(plan.topology.nranks, rank_nodes, limits, floor=True)
     raw = [raw_dependencies(plan, ops) for ops in per_rank_ops]
 
     # Segment with rank 0 alone first (cheap), then emit every rank with those budgets; ranks

@@ -307,30 +307,41 @@ def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
         else:
             heapq.heappush(pending.setdefault(res, []), (ready, -j, k))
 
+    def head(res: tuple[int, int, int]) -> tuple[float, int, int] | None:
+        """The (start, -stage, chunk) of the stage res runs next, if any."""
+        f = free.get(res, 0.0)
+        if waiting.get(res):
+            negj, k, _ready = waiting[res][0]
+            return (f, negj, k)
+        if pending.get(res):
+            ready, negj, k = pending[res][0]
+            return (max(ready, f), negj, k)
+        return None
+
+    # candidates: (head, resource), pushed whenever a resource's head may have changed; an
+    # entry whose head is no longer the resource's is stale (heads are unique: a stage
+    # belongs to one resource)
+    heap: list[tuple[tuple[float, int, int], tuple[int, int, int]]] = []
+
+    def offer(res: tuple[int, int, int]) -> None:
+        key = head(res)
+        if key is not None:
+            heapq.heappush(heap, (key, res))
+
     for k in range(nchunks):
         add(resource(k, 0), 0.0, 0, k)
+    for res in set(pending) | set(waiting):
+        offer(res)
     out: list[tuple[int, int]] = []
-    while pending or waiting:
-        best = None
-        for res in set(pending) | set(waiting):
-            f = free.get(res, 0.0)
-            if waiting.get(res):
-                negj, k, _ready = waiting[res][0]
-                key = (f, negj, k)
-            else:
-                ready, negj, k = pending[res][0]
-                key = (max(ready, f), negj, k)
-            if best is None or key < best[0]:
-                best = (key, res)
-        assert best is not None
-        (start, negj, k), res = best
+    while heap:
+        key, res = heapq.heappop(heap)
+        if head(res) != key:
+            continue
+        start, negj, k = key
         if waiting.get(res) and waiting[res][0][:2] == (negj, k):
             heapq.heappop(waiting[res])
         else:
             heapq.heappop(pending[res])
-        for table in (waiting, pending):
-            if res in table and not table[res]:
-                del table[res]
         j = -negj
         end = start + stage_cost(plan, k, stages[k][j], nbytes)
         free[res] = end
@@ -338,11 +349,12 @@ def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:
         while pending.get(res) and pending[res][0][0] <= end:
             ready, nj, kk = heapq.heappop(pending[res])
             heapq.heappush(waiting.setdefault(res, []), (nj, kk, ready))
-        if res in pending and not pending[res]:
-            del pending[res]
         out.append((k, j))
+        offer(res)
         if j + 1 < len(stages[k]):
-            add(resource(k, j + 1), end, j + 1, k)
+            nxt = resource(k, j + 1)
+            add(nxt, end, j + 1, k)
+            offer(nxt)
     return tuple(out)
 
 

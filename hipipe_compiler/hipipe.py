@@ -21,6 +21,7 @@ from itertools import islice
 from typing import Iterable, Sequence
 
 from .bounds import lower_bound_us
+from .collector import settling
 from .lp import StageCost, chunk_sizes, order_mix
 from .plan import (
     RING_ALGORITHMS, ChunkPlan, Plan, auto_layouts, bandwidth_order, chunk_stages, default_algorithms, default_schedule,
@@ -603,10 +604,12 @@ def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, i
     """One Choice per window; each window starts from its neighbours' best knobs."""
     search = Search(topology, collective, limits, dtype_bytes)
     out: list[Choice] = []
-    for lo, hi in windows:
-        seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
-        edge = _next_size(search, out[-1], lo, hi) if out else None
-        out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None))
-        if progress is not None:
-            progress(out[-1])
+    with settling() as settle:
+        for lo, hi in windows:
+            seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
+            edge = _next_size(search, out[-1], lo, hi) if out else None
+            out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None))
+            settle()  # the programs cached so far stay: later collections need not walk them
+            if progress is not None:
+                progress(out[-1])
     return out

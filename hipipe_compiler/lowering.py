@@ -22,13 +22,12 @@ This module generates the operations and drives the passes; emission.py holds pa
 
 from __future__ import annotations
 
-import gc
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
+from .collector import paused
 from .errors import PlanError
 from .emission import (
     Layout, check_nodes, check_threadblocks, emit, raw_dependencies, segment_cuts, steps_at_least, threadblocks_at_least,
@@ -512,7 +511,7 @@ def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = N
     With `ranks`, only those ranks' gpus are built (a partial program for estimates, such as
     simulate(..., quotient=True) on rank 0; never written out).
     """
-    with _collector_paused():
+    with paused():
         return _lower(plan, limits, ranks)
 
 
@@ -526,7 +525,7 @@ def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -
     >>> same_schedule(hierarchical_plan(preset("torus-4x4"), chunks=2, max_bytes=1 << 20), [5, 15])
     True
     """
-    with _collector_paused():
+    with paused():
         gen = _Generator(plan, limits)
         first = None
         for rank in (0, *ranks):
@@ -557,24 +556,6 @@ def _fusing_sends(ops: list[_Op]) -> list[bool]:
         out.append(op.type == "s" and prev is not None and prev.fuse and prev.dst == op.src and prev.cnt == op.cnt)
         last[op.role] = op
     return out
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the duration (unless already paused).
-
-    Lowering allocates millions of small objects (ops, units, steps) that all stay alive
-    until it returns; each collection meanwhile walks them and the caller's heap (the
-    optimizer's cached programs) and frees nothing. That was a third of lowering's time.
-    The few cycles lowering leaves (the cell cache) are collected after it returns."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:

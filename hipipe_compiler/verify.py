@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .collector import paused
 from .runtime import (
     FIFO_MESSAGES, MAX_CHANNELS, MAX_COUNT, MAX_DEPID, MAX_ITERATIONS, MAX_NODES, MAX_OFFSET, PER_CHANNEL_TBS,
     iterations, max_allowed_count,
@@ -1131,6 +1132,11 @@ def _reaches(a: StepRef, b: StepRef, msg_next: dict, dep_next: dict, tb_len: dic
 
 def verify(program: Program, options: VerifyOptions = VerifyOptions()) -> Report:
     """Check every rule; a Report with `ok` True is a proof for the modelled runtime."""
+    with paused():  # the run builds a state per threadblock and step: collections would walk them all
+        return _verify(program, options)
+
+
+def _verify(program: Program, options: VerifyOptions) -> Report:
     out = _Collector(options.max_violations)
     checked, skipped = ["structure"], []
     runnable = _structure(program, options, out)

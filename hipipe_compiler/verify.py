@@ -26,6 +26,7 @@ Checks, in order:
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_right
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
@@ -439,7 +440,6 @@ class _TbState:
     tb: Threadblock
     me: int  # index into _Execution.states
     reals: list[int]  # positions of real steps
-    deps: list[list[tuple[int, int]]]  # per real step: (tb id, step position) it waits for
     real_at: list[int]  # per position: index into reals of the last real step at or before it (-1: none)
     # per real step: (position, receives, sends, messages, dependencies as (state index, position))
     plan: list[tuple[int, bool, bool, int, tuple[tuple[int, int], ...]]]
@@ -481,19 +481,19 @@ class _Execution:
         self.states: list[_TbState] = []
         for g in p.gpus:
             for tb in g.threadblocks:
-                reals, deps, pending, real_at, plan = [], [], [], [], []
+                reals, pending, real_at, plan = [], [], [], []
                 for pos, st in enumerate(tb.steps):
                     if st.depid >= 0:
                         pending.append((st.depid, st.deps))
                     if st.type != "nop":
                         reals.append(pos)
-                        deps.append(pending)
                         waits = tuple((number[(g.id, d)], q) for d, q in pending if (g.id, d) in number) if pending else ()
                         units = 1 if st.type in ("cpy", "re") else messages[st.cnt]
                         plan.append((pos, st.type in RECEIVING_TYPES, st.type in SENDING_TYPES, units, waits))
-                        pending = []
+                        if pending:
+                            pending = []
                     real_at.append(len(reals) - 1)
-                state = _TbState(g.id, tb, len(self.states), reals, deps, real_at, plan, levels=[-1] * len(reals))
+                state = _TbState(g.id, tb, len(self.states), reals, real_at, plan, levels=[-1] * len(reals))
                 if tb.recv >= 0:
                     state.conn_in = conns.setdefault((tb.chan, tb.recv, g.id), len(conns))
                 if tb.send >= 0:
@@ -756,8 +756,9 @@ class _Table:
 
 
 def _table(p: Program, ex: _Execution) -> _Table:
-    cols: dict[str, list] = {name: [] for name in ("rank", "tid", "col", "pos", "level", "kind", "srcbuf", "srcoff",
-                                                   "dstbuf", "dstoff", "cnt", "prev")}
+    # typed arrays: a Python list of ints would hold tens of bytes per step and column
+    cols: dict[str, array] = {name: array("q") for name in ("rank", "tid", "col", "pos", "level", "kind", "srcbuf",
+                                                             "srcoff", "dstbuf", "dstoff", "cnt", "prev")}
     dep_row: list[int] = []
     dep_target: list[int] = []
     sender_rows: dict[tuple[int, int, int], list[int]] = {}
@@ -777,32 +778,33 @@ def _table(p: Program, ex: _Execution) -> _Table:
             reals = st.reals[:st.started()]
             steps = [tb.steps[pos] for pos in reals]
             m, b = len(steps), base[(g.id, tb.id)]
-            cols["rank"] += [g.id] * m
-            cols["tid"] += [tb.id] * m
-            cols["col"] += [c] * m
-            cols["pos"] += reals
-            cols["level"] += st.levels[:len(reals)]
+            cols["rank"].extend([g.id] * m)
+            cols["tid"].extend([tb.id] * m)
+            cols["col"].extend([c] * m)
+            cols["pos"].extend(reals)
+            cols["level"].extend(st.levels[:len(reals)])
             kinds = [_TYPE_INDEX[s.type] for s in steps]
-            cols["kind"] += kinds
-            cols["srcbuf"] += [_BUF_INDEX.get(s.srcbuf, 0) for s in steps]
-            cols["srcoff"] += [s.srcoff for s in steps]
-            cols["dstbuf"] += [_BUF_INDEX.get(s.dstbuf, 0) for s in steps]
-            cols["dstoff"] += [s.dstoff for s in steps]
-            cols["cnt"] += [s.cnt for s in steps]
-            cols["prev"] += range(b - 1, b + m - 1)
+            cols["kind"].extend(kinds)
+            cols["srcbuf"].extend([_BUF_INDEX.get(s.srcbuf, 0) for s in steps])
+            cols["srcoff"].extend([s.srcoff for s in steps])
+            cols["dstbuf"].extend([_BUF_INDEX.get(s.dstbuf, 0) for s in steps])
+            cols["dstoff"].extend([s.dstoff for s in steps])
+            cols["cnt"].extend([s.cnt for s in steps])
+            cols["prev"].extend(array("q", range(b - 1, b + m - 1)))
             if m:
                 cols["prev"][-m] = -1
-            for i, deps in enumerate(st.deps[:len(reals)]):
-                for depid, d in deps:
-                    target = ex.tbs.get((g.id, depid))
-                    if depid != tb.id and target is not None and 0 <= d < len(target.real_at) and target.real_at[d] >= 0:
+            for i, step_plan in enumerate(st.plan[:len(reals)]):
+                for t, q in step_plan[4]:
+                    target = ex.states[t]
+                    if target is not st and 0 <= q < len(target.real_at) and target.real_at[q] >= 0:
                         dep_row.append(b + i)
-                        dep_target.append(base[(g.id, depid)] + target.real_at[d])
+                        dep_target.append(base[(g.id, target.tb.id)] + target.real_at[q])
             if tb.send >= 0:
                 sender_rows[(tb.chan, g.id, tb.send)] = [b + i for i, k in enumerate(kinds) if STEP_TYPES[k] in SENDING_TYPES]
             if tb.recv >= 0:
                 receiver_rows[(tb.chan, tb.recv, g.id)] = [b + i for i, k in enumerate(kinds) if STEP_TYPES[k] in RECEIVING_TYPES]
-    arrays = {name: np.asarray(values, dtype=np.int64) for name, values in cols.items()}
+    arrays = {name: np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
+              for name, values in cols.items()}
     send_of = np.full(row, -1, dtype=np.int64)
     for conn, recvs in receiver_rows.items():
         if recvs:
@@ -1154,6 +1156,7 @@ def _verify(program: Program, options: VerifyOptions) -> Report:
     ok, ex = _execute(program, options, out)
     checked.append("deadlock")
     table = _table(program, ex)
+    del ex  # the run's state per step is not needed any more: free it before the symbolic execution
     if not ok:
         _semantics(program, table, modes, out)  # what went wrong on the way may explain the deadlock
         skipped.append("results and races not checked: the program does not run to completion")

@@ -820,15 +820,16 @@ def _level_bounds(levels: np.ndarray) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
-def _semantics(p: Program, t: _Table, modes: list[bool], out: _Collector) -> list[_Values]:
-    """Symbolic execution of the first iteration, one level at a time, for each mode (in
-    place, out of place): each level's steps read, receive, reduce and write all their
-    chunks in a few array operations. Steps of one level are unordered, so where they touch
-    the same chunk the race check reports it. What a level sends is kept until the last
-    level that receives it."""
-    memories = [_Memory(p, inplace) for inplace in modes]
-    values = [_Values(p, memory) for memory in memories]
-    names = ["in place" if inplace else "out of place" for inplace in modes]
+def _semantics(p: Program, t: _Table, inplace: bool, out: _Collector, budget: int) -> tuple[_Values, int]:
+    """Symbolic execution of the first iteration in one mode (in place or out of place), one
+    level at a time: each level's steps read, receive, reduce and write all their chunks in
+    a few array operations. Steps of one level are unordered, so where they touch the same
+    chunk the race check reports it. What a level sends is kept until the last level that
+    receives it. Reports at most `budget` violations; returns the values and what is left."""
+    memory = _Memory(p, inplace)
+    values = _Values(p, memory)
+    cells = values.cells
+    mode = "in place" if inplace else "out of place"
     nrows = len(t.level)
     order = np.argsort(t.level, kind="stable")
     bounds = _level_bounds(t.level[order])
@@ -842,74 +843,63 @@ def _semantics(p: Program, t: _Table, modes: list[bool], out: _Collector) -> lis
     receivers = np.flatnonzero(t.send_of >= 0)
     last_use = np.full(len(bounds), -1, dtype=np.int64)  # the last level receiving what a level sends
     np.maximum.at(last_use, level_of[t.send_of[receivers]], level_of[receivers])
-    kept: dict[int, list[np.ndarray]] = {}
+    src_of = np.where(_READS[t.kind], memory.start[t.rank, t.srcbuf] + t.srcoff, memory.size)  # per row
+    dst_of = np.where(_WRITES[t.kind], memory.start[t.rank, t.dstbuf] + t.dstoff, memory.size)
+    kept: dict[int, np.ndarray] = {}
     n = p.ngpus
-    budget = 20  # semantic violations reported, over both modes
     for li, (sa, sb) in enumerate(bounds):
         rows, c = order[sa:sb], cnt[sa:sb]
         row = np.repeat(rows, c)
         j = np.arange(int(c.sum()), dtype=np.int64) - np.repeat(first[sa:sb] - first[sa], c)
-        kinds = t.kind[rows]
-        kind = np.repeat(kinds, c)
+        kind = np.repeat(t.kind[rows], c)
         reads, writes, takes, reduces = _READS[kind], _WRITES[kind], _TAKES[kind], _REDUCES[kind]
-        step_src = [np.where(_READS[kinds], memory.start[t.rank[rows], t.srcbuf[rows]] + t.srcoff[rows], memory.size)
-                    for memory in memories]
-        step_dst = [np.where(_WRITES[kinds], memory.start[t.rank[rows], t.dstbuf[rows]] + t.dstoff[rows], memory.size)
-                    for memory in memories]
-        j_read, j_write = np.where(reads, j, 0), np.where(writes, j, 0)
-        if takes.any():
-            take_at = np.flatnonzero(takes)
+        src = np.repeat(src_of[rows], c) + np.where(reads, j, 0)
+        dst = np.repeat(dst_of[rows], c) + np.where(writes, j, 0)
+        local = cells[src]
+        result = local.copy()
+        take_at = np.flatnonzero(takes)
+        if len(take_at):
             sender = t.send_of[row[take_at]]
             from_level = level_of[sender]
             from_place = within[sender] + j[take_at]
-            sources = np.unique(from_level).tolist()
+            for lv in np.unique(from_level).tolist():
+                sel = from_level == lv
+                result[take_at[sel]] = kept[lv][from_place[sel]]
+        found: list[tuple[int, int, str, str]] = []  # (element, check, rule, message)
         red_at = np.flatnonzero(reduces)
-        re_at = red_at[kind[red_at] == _RE]
-        results = []
-        for m, (memory, vals) in enumerate(zip(memories, values)):
-            cells = vals.cells
-            src = np.repeat(step_src[m], c) + j_read
-            dst = np.repeat(step_dst[m], c) + j_write
-            local = cells[src]
-            result = local.copy()
-            if takes.any():
-                for lv in sources:
-                    sel = from_level == lv
-                    result[take_at[sel]] = kept[lv][m][from_place[sel]]
-            found: list[tuple[int, int, str, str]] = []  # (element, check, rule, message)
-            if len(red_at):
-                x = result[red_at]  # the received operand, or for `re` the destination's own value
-                if len(re_at):
-                    x[np.searchsorted(red_at, re_at)] = cells[dst[re_at]]
-                y = local[red_at]
-                total = x + y  # counts and weight sums add; identities must agree
-                total[:, 0] = np.where(x[:, 0] < 0, y[:, 0], x[:, 0])
-                result[red_at] = total
-                if budget > 0:
-                    mismatch = np.flatnonzero((x[:, 0] != y[:, 0]) & (x[:, 0] >= 0) & (y[:, 0] >= 0))
-                    for k in _first_per_step(mismatch, row[red_at]):
-                        e = int(red_at[k])
-                        found.append((e, 1, "semantics.reduce-mismatch",
-                                      f"reduces chunk identity {int(y[k, 0])} into {int(x[k, 0])} at "
-                                      f"{BUFFERS[int(t.srcbuf[row[e]])]}[{int(t.srcoff[row[e]] + j[e])}]: the operands belong to different chunks"))
-                    for k in _first_per_step(np.flatnonzero(total[:, 1] > n), row[red_at]):
-                        found.append((int(red_at[k]), 2, "semantics.duplicate", "a reduction counts some rank's contribution "
-                                      f"twice ({int(total[k, 1])} contributions from {n} ranks)"))
+        if len(red_at):
+            x = result[red_at]  # the received operand, or for `re` the destination's own value
+            re_at = red_at[kind[red_at] == _RE]
+            if len(re_at):
+                x[np.searchsorted(red_at, re_at)] = cells[dst[re_at]]
+            y = local[red_at]
+            total = x + y  # counts and weight sums add; identities must agree
+            total[:, 0] = np.where(x[:, 0] < 0, y[:, 0], x[:, 0])
+            result[red_at] = total
             if budget > 0:
-                for e in _first_per_step(np.flatnonzero(reads & (local[:, 0] < 0)), row):
-                    found.append((e, 0, "semantics.uninitialized-read", f"{names[m]}: reads "
-                                  f"{BUFFERS[int(t.srcbuf[row[e]])]}[{int(t.srcoff[row[e]] + j[e])}] before anything was written there"))
-            for e, _check, rule, message in sorted(found, key=lambda f: (int(row[f[0]]), f[1])):
-                if budget > 0:
-                    out.add(rule, message, *t.ref(int(row[e])))
-                budget -= 1
-            cells[dst] = result
-            results.append(result)
+                mismatch = np.flatnonzero((x[:, 0] != y[:, 0]) & (x[:, 0] >= 0) & (y[:, 0] >= 0))
+                for k in _first_per_step(mismatch, row[red_at]):
+                    e = int(red_at[k])
+                    found.append((e, 1, "semantics.reduce-mismatch",
+                                  f"reduces chunk identity {int(y[k, 0])} into {int(x[k, 0])} at "
+                                  f"{BUFFERS[int(t.srcbuf[row[e]])]}[{int(t.srcoff[row[e]] + j[e])}]: the operands belong to different chunks"))
+                for k in _first_per_step(np.flatnonzero(total[:, 1] > n), row[red_at]):
+                    found.append((int(red_at[k]), 2, "semantics.duplicate", "a reduction counts some rank's contribution "
+                                  f"twice ({int(total[k, 1])} contributions from {n} ranks)"))
+        if budget > 0:
+            for e in _first_per_step(np.flatnonzero(reads & (local[:, 0] < 0)), row):
+                found.append((e, 0, "semantics.uninitialized-read", f"{mode}: reads "
+                              f"{BUFFERS[int(t.srcbuf[row[e]])]}[{int(t.srcoff[row[e]] + j[e])}] before anything was written there"))
+        for e, _check, rule, message in sorted(found, key=lambda f: (int(row[f[0]]), f[1])):
+            if budget > 0:
+                out.add(rule, message, *t.ref(int(row[e])))
+            budget -= 1
+        cells[dst] = result
         if last_use[li] > li:
-            kept[li] = results
+            kept[li] = result
         for lv in [lv for lv in kept if last_use[lv] <= li]:
             del kept[lv]
-    return values
+    return values, budget
 
 
 def _first_per_step(elements: np.ndarray, row: np.ndarray) -> list[int]:
@@ -1157,12 +1147,15 @@ def _verify(program: Program, options: VerifyOptions) -> Report:
     checked.append("deadlock")
     table = _table(program, ex)
     del ex  # the run's state per step is not needed any more: free it before the symbolic execution
-    if not ok:
-        _semantics(program, table, modes, out)  # what went wrong on the way may explain the deadlock
+    budget = 20  # semantic violations reported, over both modes
+    for inplace in modes:  # one at a time: each mode's values are as large as every rank's buffers
+        values, budget = _semantics(program, table, inplace, out, budget)
+        if ok:
+            _check_results(program, values, "in place" if inplace else "out of place", out)
+        del values
+    if not ok:  # what went wrong on the way may explain the deadlock
         skipped.append("results and races not checked: the program does not run to completion")
     else:
-        for values in _semantics(program, table, modes, out):
-            _check_results(program, values, "in place" if values.inplace else "out of place", out)
         if modes:
             checked.append("semantics")
         _races(program, table, conns, program.inplace, out)

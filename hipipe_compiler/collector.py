@@ -33,14 +33,13 @@ def paused() -> Iterator[None]:
 
 @contextmanager
 def settling() -> Iterator[Callable[[], None]]:
-    """Yields `settle()`: it collects the young generations and then freezes every object
-    alive (gc.freeze), so later collections skip what the caller keeps for long (the
+    """Yields `settle()`: it collects and then freezes every object alive (gc.freeze), so later collections skip what the caller keeps for long (the
     search's cached programs: full collections walked them all, a tenth of its time). On
     exit everything frozen since entry is handed back to the collector (gc.unfreeze)."""
     already = gc.get_freeze_count()
 
     def settle() -> None:
-        gc.collect(1)
+        gc.collect()  # walks only what is not frozen yet
         gc.freeze()
 
     try:

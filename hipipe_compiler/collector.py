@@ -33,9 +33,10 @@ def paused() -> Iterator[None]:
 
 @contextmanager
 def settling() -> Iterator[Callable[[], None]]:
-    """Yields `settle()`: it collects and then freezes every object alive (gc.freeze), so later collections skip what the caller keeps for long (the
-    search's cached programs: full collections walked them all, a tenth of its time). On
-    exit everything frozen since entry is handed back to the collector (gc.unfreeze)."""
+    """Yields `settle()`: it collects and then freezes every object alive (gc.freeze), so
+    later collections skip what the caller keeps for long (the search's cached programs:
+    full collections walked them all, a tenth of its time). On exit everything frozen
+    since entry is handed back to the collector (gc.unfreeze)."""
     already = gc.get_freeze_count()
 
     def settle() -> None:

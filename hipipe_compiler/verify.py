@@ -962,10 +962,9 @@ def _races(p: Program, t: _Table, conns: dict, inplace: bool, out: _Collector) -
     groups: list[tuple[int, int]] = []  # row ranges of whole ranks whose accesses are checked together
     width = 0
     for first, end, ntbs in t.rank_rows:
-        lo = groups[0][0] if groups else first
-        if groups and (end - lo) * max(width, ntbs) > _CLOCK_ENTRIES:
+        if groups and (end - groups[0][0]) * max(width, ntbs) > _CLOCK_ENTRIES:
             candidates += _unordered(t, memory, groups, width)
-            groups, width, lo = [], 0, first
+            groups, width = [], 0
         if groups and ends[end] - ends[groups[-1][0]] <= _BATCH_CHUNKS:
             groups[-1] = (groups[-1][0], end)
         else:

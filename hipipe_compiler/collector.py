@@ -35,8 +35,9 @@ def paused() -> Iterator[None]:
 def settling() -> Iterator[Callable[[], None]]:
     """Yields `settle()`: it collects and then freezes every object alive (gc.freeze), so
     later collections skip what the caller keeps for long (the search's cached programs:
-    full collections walked them all, a tenth of its time). On exit everything frozen
-    since entry is handed back to the collector (gc.unfreeze)."""
+    full collections walked them all, a tenth of its time). On exit everything frozen is
+    handed back to the collector (gc.unfreeze), unless the caller had frozen objects of its
+    own before: gc cannot tell them apart, so then ours stay frozen too."""
     already = gc.get_freeze_count()
 
     def settle() -> None:

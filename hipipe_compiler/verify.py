@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_right
+from itertools import accumulate
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
@@ -438,9 +439,12 @@ class _Values:
 class _TbState:
     rank: int
     tb: Threadblock
+    col: int  # the threadblock's index on its rank
     me: int  # index into _Execution.states
     reals: list[int]  # positions of real steps
-    real_at: list[int]  # per position: index into reals of the last real step at or before it (-1: none)
+    # per position: index into reals of the step whose completion a wait for that position
+    # waits for (the first real step at or after it; the last one, for trailing nops; -1: none)
+    done_by: list[int]
     # per real step: (position, receives, sends, messages, dependencies as (state index, position))
     plan: list[tuple[int, bool, bool, int, tuple[tuple[int, int], ...]]]
     conn_in: int = -1  # index of the connection it receives on
@@ -452,10 +456,23 @@ class _TbState:
     waiting: tuple[int, int, int] | None = None
     level: int = -1  # level of the step started last
     levels: list[int] = field(default_factory=list)  # per real step: its level in iteration 0 (-1: not started)
+    # per receiving real step of iteration 0: (state index, real step index) of the send it took
+    received_from: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def started(self) -> int:
         """How many real steps of the first iteration have started (all, once it is over)."""
         return len(self.reals) if self.iteration else self.index + (self.unit > 0)
+
+
+def _done_by(nsteps: int, reals: list[int]) -> list[int]:
+    """Per position of a threadblock of nsteps steps with real steps at `reals`: the index
+    into reals of the step whose completion satisfies a wait for that position. Progress is
+    published by real steps, so a wait for a nop ends with the first real step after it."""
+    out = [len(reals) - 1] * nsteps  # past the last real step: the iteration's end
+    for i in range(len(reals) - 1, -1, -1):
+        for pos in range(reals[i - 1] + 1 if i else 0, reals[i] + 1):
+            out[pos] = i
+    return out
 
 
 class _Execution:
@@ -470,18 +487,16 @@ class _Execution:
     are numbered, so the inner loop works on lists.
     """
 
-    def __init__(self, p: Program, capacity: int, messages: dict[int, int], loops: int, out: _Collector) -> None:
-        self.p = p
+    def __init__(self, p: Program, capacity: int, messages: dict[int, int], loops: int) -> None:
         self.capacity = capacity
         self.iterations = loops
-        self.out = out
         keys = [(g.id, tb.id) for g in p.gpus for tb in g.threadblocks]
         number = {key: i for i, key in enumerate(keys)}
         conns: dict[tuple[int, int, int], int] = {}
         self.states: list[_TbState] = []
         for g in p.gpus:
-            for tb in g.threadblocks:
-                reals, pending, real_at, plan = [], [], [], []
+            for col, tb in enumerate(g.threadblocks):
+                reals, pending, plan = [], [], []
                 for pos, st in enumerate(tb.steps):
                     if st.depid >= 0:
                         pending.append((st.depid, st.deps))
@@ -492,17 +507,17 @@ class _Execution:
                         plan.append((pos, st.type in RECEIVING_TYPES, st.type in SENDING_TYPES, units, waits))
                         if pending:
                             pending = []
-                    real_at.append(len(reals) - 1)
-                state = _TbState(g.id, tb, len(self.states), reals, real_at, plan, levels=[-1] * len(reals))
+                state = _TbState(g.id, tb, col, len(self.states), reals, _done_by(len(tb.steps), reals), plan,
+                                 levels=[-1] * len(reals))
                 if tb.recv >= 0:
                     state.conn_in = conns.setdefault((tb.chan, tb.recv, g.id), len(conns))
                 if tb.send >= 0:
                     state.conn_out = conns.setdefault((tb.chan, g.id, tb.send), len(conns))
                 self.states.append(state)
         self.tbs: dict[tuple[int, int], _TbState] = dict(zip(keys, self.states))
-        self.conns = list(conns)
         self.count = [0] * len(conns)  # messages in each FIFO
-        self.sent_levels: list[deque] = [deque() for _ in conns]  # one per sending step
+        # per connection, its first iteration's sends not yet taken: (level, state, real step index)
+        self.sent: list[deque] = [deque() for _ in conns]
         self.sender = [-1] * len(conns)
         self.receiver = [-1] * len(conns)
         for st in self.states:
@@ -595,20 +610,20 @@ class _Execution:
                 k = min(k, room)
                 if k <= 0:
                     return woken
-            if st.unit == 0:
+            if st.unit == 0 and st.iteration == 0:
+                # both ends of a connection take part in the first iteration only: they stay in step
                 level = st.level
                 if receives:
-                    level = max(level, self.sent_levels[conn_in].popleft())
-                if st.iteration == 0:
-                    for t, q in waits:
-                        target = self.states[t]
-                        if 0 <= q < len(target.real_at) and target.real_at[q] >= 0:
-                            level = max(level, target.levels[target.real_at[q]])
-                    level += 1
-                    st.levels[st.index] = level
-                st.level = level
+                    sent_level, sender, index = self.sent[conn_in].popleft()
+                    st.received_from[st.index] = (sender, index)
+                    level = max(level, sent_level)
+                for t, q in waits:
+                    target = self.states[t]
+                    if 0 <= q < len(target.done_by) and target.done_by[q] >= 0:
+                        level = max(level, target.levels[target.done_by[q]])
+                st.level = st.levels[st.index] = level + 1
                 if sends:
-                    self.sent_levels[conn_out].append(level)
+                    self.sent[conn_out].append((st.level, st.me, st.index))
             if receives:
                 count[conn_in] -= k
                 woken.add(self.sender[conn_in])
@@ -717,7 +732,7 @@ def _execute(p: Program, opts: VerifyOptions, out: _Collector) -> tuple[bool, _E
     if loops > MAX_ITERATIONS:
         out.add("limits.iterations", f"{loops} loop iterations at {opts.nbytes or p.max_bytes} bytes; the flag encoding allows {MAX_ITERATIONS}")
     messages = {c: max(1, math.ceil(c / max_allowed)) for c in range(0, MAX_CNT + 1)}
-    ex = _Execution(p, capacity, messages, min(loops, 2), out)
+    ex = _Execution(p, capacity, messages, min(loops, 2))
     stuck = ex.run()
     if stuck:
         _deadlock_report(ex, stuck, out)
@@ -747,7 +762,7 @@ class _Table:
     cnt: np.ndarray
     prev: np.ndarray  # row of the threadblock's previous real step, or -1
     dep_row: np.ndarray  # each dependency on another threadblock: the waiting row...
-    dep_target: np.ndarray  # ...and the row it waits for (the last real step at or before its target)
+    dep_target: np.ndarray  # ...and the row whose completion it waits for (_TbState.done_by)
     send_of: np.ndarray  # for a receiving row: the row of the sending step it is matched with, else -1
     rank_rows: tuple[tuple[int, int, int], ...]  # per rank: (first row, end row, threadblocks)
 
@@ -761,54 +776,43 @@ def _table(p: Program, ex: _Execution) -> _Table:
                                                              "srcoff", "dstbuf", "dstoff", "cnt", "prev")}
     dep_row: list[int] = []
     dep_target: list[int] = []
-    sender_rows: dict[tuple[int, int, int], list[int]] = {}
-    receiver_rows: dict[tuple[int, int, int], list[int]] = {}
-    base: dict[tuple[int, int], int] = {}
+    base = list(accumulate((st.started() for st in ex.states), initial=0))  # first row of each state
     rank_rows = []
-    row = 0
+    i = 0  # states come rank by rank, in the program's order
     for g in p.gpus:
-        first = row
-        for tb in g.threadblocks:
-            base[(g.id, tb.id)] = row
-            row += ex.tbs[(g.id, tb.id)].started()
-        rank_rows.append((first, row, len(g.threadblocks)))
-    for g in p.gpus:
-        for c, tb in enumerate(g.threadblocks):
-            st = ex.tbs[(g.id, tb.id)]
-            reals = st.reals[:st.started()]
-            steps = [tb.steps[pos] for pos in reals]
-            m, b = len(steps), base[(g.id, tb.id)]
-            cols["rank"].extend([g.id] * m)
-            cols["tid"].extend([tb.id] * m)
-            cols["col"].extend([c] * m)
-            cols["pos"].extend(reals)
-            cols["level"].extend(st.levels[:len(reals)])
-            kinds = [_TYPE_INDEX[s.type] for s in steps]
-            cols["kind"].extend(kinds)
-            cols["srcbuf"].extend([_BUF_INDEX.get(s.srcbuf, 0) for s in steps])
-            cols["srcoff"].extend([s.srcoff for s in steps])
-            cols["dstbuf"].extend([_BUF_INDEX.get(s.dstbuf, 0) for s in steps])
-            cols["dstoff"].extend([s.dstoff for s in steps])
-            cols["cnt"].extend([s.cnt for s in steps])
-            cols["prev"].extend(array("q", range(b - 1, b + m - 1)))
-            if m:
-                cols["prev"][-m] = -1
-            for i, step_plan in enumerate(st.plan[:len(reals)]):
-                for t, q in step_plan[4]:
-                    target = ex.states[t]
-                    if target is not st and 0 <= q < len(target.real_at) and target.real_at[q] >= 0:
-                        dep_row.append(b + i)
-                        dep_target.append(base[(g.id, target.tb.id)] + target.real_at[q])
-            if tb.send >= 0:
-                sender_rows[(tb.chan, g.id, tb.send)] = [b + i for i, k in enumerate(kinds) if STEP_TYPES[k] in SENDING_TYPES]
-            if tb.recv >= 0:
-                receiver_rows[(tb.chan, tb.recv, g.id)] = [b + i for i, k in enumerate(kinds) if STEP_TYPES[k] in RECEIVING_TYPES]
+        ntb = len(g.threadblocks)
+        rank_rows.append((base[i], base[i + ntb], ntb))
+        i += ntb
+    send_of = np.full(base[-1], -1, dtype=np.int64)
+    for st in ex.states:
+        tb = st.tb
+        reals = st.reals[:st.started()]
+        steps = [tb.steps[pos] for pos in reals]
+        m, b = len(steps), base[st.me]
+        cols["rank"].extend([st.rank] * m)
+        cols["tid"].extend([tb.id] * m)
+        cols["col"].extend([st.col] * m)
+        cols["pos"].extend(reals)
+        cols["level"].extend(st.levels[:m])
+        cols["kind"].extend([_TYPE_INDEX[s.type] for s in steps])
+        cols["srcbuf"].extend([_BUF_INDEX.get(s.srcbuf, 0) for s in steps])
+        cols["srcoff"].extend([s.srcoff for s in steps])
+        cols["dstbuf"].extend([_BUF_INDEX.get(s.dstbuf, 0) for s in steps])
+        cols["dstoff"].extend([s.dstoff for s in steps])
+        cols["cnt"].extend([s.cnt for s in steps])
+        cols["prev"].extend(array("q", range(b - 1, b + m - 1)))
+        if m:
+            cols["prev"][-m] = -1
+        for i, step_plan in enumerate(st.plan[:m]):
+            for t, q in step_plan[4]:
+                target = ex.states[t]
+                if target is not st and 0 <= q < len(target.done_by) and target.done_by[q] >= 0:
+                    dep_row.append(b + i)
+                    dep_target.append(base[t] + target.done_by[q])
+        for i, (sender, index) in st.received_from.items():
+            send_of[b + i] = base[sender] + index
     arrays = {name: np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
               for name, values in cols.items()}
-    send_of = np.full(row, -1, dtype=np.int64)
-    for conn, recvs in receiver_rows.items():
-        if recvs:
-            send_of[recvs] = sender_rows[conn]  # equal in number: the connection check ran first
     return _Table(**arrays, dep_row=np.asarray(dep_row, dtype=np.int64), dep_target=np.asarray(dep_target, dtype=np.int64),
                   send_of=send_of, rank_rows=tuple(rank_rows))
 

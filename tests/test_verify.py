@@ -195,6 +195,31 @@ def test_receive_first_on_both_sides_is_a_deadlock_cycle():
     assert "rank 0 tb 0" in text and "rank 1 tb 0" in text
 
 
+def test_a_deadlock_after_the_sender_ran_ahead_is_reported_not_crashed_on():
+    # rank 0 sends twice (the FIFO takes both); rank 1 takes the first, then its two
+    # threadblocks wait for each other: the second message is sent but never received
+    send = Gpu(0, 2, 2, 0, (Threadblock(0, 1, -1, 0, (Step(0, "s", "i", 0, "o", -1, 1), Step(1, "s", "i", 1, "o", -1, 1))),))
+    recv = Threadblock(0, -1, 0, 0, (Step(0, "r", "i", -1, "s", 0, 1),
+                                     Step(1, "r", "i", -1, "s", 1, 1, 1, 0, True)))
+    local = Threadblock(1, -1, -1, 0, (Step(0, "cpy", "s", 0, "o", 0, 1, 0, 1, True),))
+    program = replace(P, gpus=(send, Gpu(1, 2, 2, 2, (recv, local))))
+    assert "deadlock.cycle" in verify(program).rules()
+
+
+def test_waiting_for_a_nop_waits_for_the_real_step_after_it():
+    # threadblock 2 names a nop of threadblock 1 (flagged), which the runtime model honours
+    # as the step after it: the scratch chunk threadblock 2 reads is written by then
+    tb0 = P.gpus[0].threadblocks[0]
+    tb0 = replace(tb0, steps=(*tb0.steps[:3], replace(tb0.steps[3], hasdep=True)))
+    writer = Threadblock(1, -1, -1, 0, (Step(0, "nop", "i", -1, "o", -1, 0, 0, 3),
+                                        Step(1, "cpy", "i", 0, "s", 0, 1, 0, 3, True)))
+    reader = Threadblock(2, -1, -1, 0, (Step(0, "cpy", "s", 0, "s", 1, 1, 1, 0),))
+    program = replace(P, gpus=(Gpu(0, 2, 2, 2, (tb0, writer, reader)), P.gpus[1]))
+    rules = verify(program).rules()
+    assert "dep.nop-target" in rules
+    assert not rules & {"semantics.uninitialized-read", "race.read-write", "race.write-write"}, rules
+
+
 def test_fifo_slots_make_send_first_exchanges_legal_but_rendezvous_does_not():
     """msccl-runtime.md 9: most real files send first on every rank and rely on the slots."""
     assert verify(P).ok

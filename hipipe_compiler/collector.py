@@ -17,10 +17,10 @@ from typing import Callable, Iterator
 def paused() -> Iterator[None]:
     """No collections for the duration (unless the caller already paused them).
 
-    Lowering allocates millions of small objects (ops, units, steps) that all stay alive
-    until it returns; each collection meanwhile walks them and the caller's heap (the
-    optimizer's cached programs) and frees nothing. That was a third of lowering's time.
-    The few cycles left behind are collected after it returns."""
+    Lowering and the verifier allocate millions of small objects (operations, units, steps,
+    per-step state) that stay alive until they return; each collection meanwhile walks them
+    and the caller's heap and frees nothing (a third of lowering's time). The few cycles
+    left behind are collected after the pause."""
     if not gc.isenabled():
         yield
         return

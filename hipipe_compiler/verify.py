@@ -270,8 +270,8 @@ def _steps(p: Program, g: Gpu, tb: Threadblock, tb_by_id: dict[int, Threadblock]
         if not 1 <= st.cnt <= MAX_CNT:
             out.add("step.cnt", f"cnt {st.cnt}; a real step moves 1..{MAX_CNT} chunks", g.id, tb.id, pos)
             continue
-        for side, buf, off, used in (("src", st.srcbuf, st.srcoff, st.type in ("s", "rrs", "rrc", "rrcs", "cpy", "re")),
-                                     ("dst", st.dstbuf, st.dstoff, st.type in ("r", "rcs", "rrc", "rrcs", "cpy", "re"))):
+        for side, buf, off, used in (("src", st.srcbuf, st.srcoff, st.type in READING_TYPES),
+                                     ("dst", st.dstbuf, st.dstoff, st.type in WRITING_TYPES)):
             if off > MAX_OFFSET:
                 out.add("step.offset", f"{side}off {off} > {MAX_OFFSET}: stored as int16 it wraps around", g.id, tb.id, pos)
                 continue
@@ -322,7 +322,7 @@ def _connections(p: Program, out: _Collector) -> dict[tuple[int, int, int], tupl
     return conns
 
 
-# -- execution: FIFOs, deadlock and semantics -----------------------------------------------------
+# -- execution: FIFOs, deadlock and levels --------------------------------------------------------
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -387,7 +387,6 @@ class _Values:
     def __init__(self, p: Program, memory: _Memory) -> None:
         self.p = p
         self.memory = memory
-        self.inplace = memory.inplace
         self.logical = memory.logical
         n = p.ngpus
         self.per = memory.per
@@ -765,6 +764,7 @@ class _Table:
     dep_target: np.ndarray  # ...and the row whose completion it waits for (_TbState.done_by)
     send_of: np.ndarray  # for a receiving row: the row of the sending step it is matched with, else -1
     rank_rows: tuple[tuple[int, int, int], ...]  # per rank: (first row, end row, threadblocks)
+    order: np.ndarray  # the rows by level: every step after those it follows
 
     def ref(self, row: int) -> StepRef:
         return int(self.rank[row]), int(self.tid[row]), int(self.pos[row])
@@ -814,7 +814,7 @@ def _table(p: Program, ex: _Execution) -> _Table:
     arrays = {name: np.frombuffer(values, dtype=np.int64) if len(values) else np.zeros(0, dtype=np.int64)
               for name, values in cols.items()}
     return _Table(**arrays, dep_row=np.asarray(dep_row, dtype=np.int64), dep_target=np.asarray(dep_target, dtype=np.int64),
-                  send_of=send_of, rank_rows=tuple(rank_rows))
+                  send_of=send_of, rank_rows=tuple(rank_rows), order=np.argsort(arrays["level"], kind="stable"))
 
 
 def _level_bounds(levels: np.ndarray) -> list[tuple[int, int]]:
@@ -828,14 +828,14 @@ def _semantics(p: Program, t: _Table, inplace: bool, out: _Collector, budget: in
     """Symbolic execution of the first iteration in one mode (in place or out of place), one
     level at a time: each level's steps read, receive, reduce and write all their chunks in
     a few array operations. Steps of one level are unordered, so where they touch the same
-    chunk the race check reports it. What a level sends is kept until the last level that
+    chunk they race (reported when the run completes). What a level sends is kept until the last level that
     receives it. Reports at most `budget` violations; returns the values and what is left."""
     memory = _Memory(p, inplace)
     values = _Values(p, memory)
     cells = values.cells
     mode = "in place" if inplace else "out of place"
     nrows = len(t.level)
-    order = np.argsort(t.level, kind="stable")
+    order = t.order
     bounds = _level_bounds(t.level[order])
     sizes = [b - a for a, b in bounds]
     level_of = np.empty(nrows, dtype=np.int64)  # row -> index into bounds

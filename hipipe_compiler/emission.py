@@ -231,9 +231,8 @@ def emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[
 
     # threadblock keys in a fixed order: (role, segment)
     per_rank_segs = [_segments(ops, _role_cuts(gen, cuts)) for ops in per_rank_ops]
-    tb_keys: list[tuple[int, int]] = sorted({(op.role, g) for op, g in zip(per_rank_ops[0], per_rank_segs[0])})
-    if any({(op.role, g) for op, g in zip(ops, segs)} != set(tb_keys)
-           for ops, segs in zip(per_rank_ops[1:], per_rank_segs[1:])):
+    tb_keys: list[tuple[int, int]] = sorted(_threadblock_keys(per_rank_ops[0], per_rank_segs[0]))
+    if any(_threadblock_keys(ops, segs) != set(tb_keys) for ops, segs in zip(per_rank_ops[1:], per_rank_segs[1:])):
         raise PlanError("internal error: ranks disagree on their threadblocks")
     ntb = len(tb_keys)
     check_threadblocks(ntb, limits)
@@ -294,14 +293,34 @@ def emit(plan: Plan, gen: _Generator, ranks: list[int], per_rank_ops: list[list[
     return program, overflow, nops_per_op
 
 
-def threadblocks_at_least(gen: _Generator, ops: list[_Op], cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> int:
-    """A rank's threadblocks with these cuts: more cuts (after overflow) only add to them."""
-    return len({(op.role, g) for op, g in zip(ops, _segments(ops, _role_cuts(gen, cuts)))})
+def footprint(gen: _Generator, ops: list[_Op], cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> tuple[int, int]:
+    """(threadblocks, threadblocks + steps) a rank with these operations needs at least: one
+    step per operation but the sends that fuse; more cuts (after overflow) and the nops that
+    carry extra dependencies only add to them. Lowering refuses a plan from this floor
+    before the costly passes."""
+    ntb = len(_threadblock_keys(ops, _segments(ops, _role_cuts(gen, cuts))))
+    return ntb, ntb + len(ops) - sum(fusing_sends(ops))
 
 
-def steps_at_least(ops: list[_Op], fuses: list[bool]) -> int:
-    """A rank's steps: one per operation but the sends that fuse (nops come on top)."""
-    return len(ops) - sum(fuses)
+def fuses(receive: _Op, send: _Op) -> bool:
+    """Whether a send forwards what a fusing receive just got: the two make one step."""
+    return send.type == "s" and receive.fuse and receive.dst == send.src and receive.cnt == send.cnt
+
+
+def fusing_sends(ops: list[_Op]) -> list[bool]:
+    """Per op, whether it is a send that fuses with its role's previous op."""
+    last: dict[int, _Op] = {}
+    out = []
+    for op in ops:
+        prev = last.get(op.role)
+        out.append(prev is not None and fuses(prev, op))
+        last[op.role] = op
+    return out
+
+
+def _threadblock_keys(ops: list[_Op], segments: list[int]) -> set[tuple[int, int]]:
+    """A rank's threadblocks: the (role, segment) pairs its operations fall in."""
+    return {(op.role, g) for op, g in zip(ops, segments)}
 
 
 def check_threadblocks(ntb: int, limits: Limits, floor: bool = False) -> None:
@@ -390,7 +409,7 @@ def _unit_graph(ops: list[_Op], tb_of_op: list[int], raw: list[list[int]], ntb: 
             prev = lst[-1]
             if len(prev.ops) == 1:
                 pop = ops[prev.ops[0]]
-                if pop.fuse and pop.dst == op.src and pop.cnt == op.cnt:
+                if fuses(pop, op):
                     prev.ops.append(idx)
                     prev.type = {"rrc": "rrs" if pop.dead else "rrcs", "r": "rcs"}[pop.type]
                     if prev.type == "rrs":

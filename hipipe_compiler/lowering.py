@@ -30,7 +30,7 @@ from typing import Any, Sequence
 from .collector import paused
 from .errors import PlanError
 from .emission import (
-    Layout, check_nodes, check_threadblocks, emit, raw_dependencies, segment_cuts, steps_at_least, threadblocks_at_least,
+    Layout, check_nodes, check_threadblocks, emit, footprint, fusing_sends, raw_dependencies, segment_cuts,
 )
 from .plan import Plan, Stage, check_plan, largest_blocks, ring_axis, stage_algorithm
 from .program import Program
@@ -530,32 +530,13 @@ def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -
         first = None
         for rank in (0, *ranks):
             ops = gen.generate(rank)
-            shape = [(op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, f) for op, f in zip(ops, _fusing_sends(ops))]
+            shape = [(op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, f) for op, f in zip(ops, fusing_sends(ops))]
             signature = (shape, raw_dependencies(plan, ops))
             if first is None:
                 first = signature
             elif signature != first:
                 return False
     return True
-
-
-def _footprint(gen: _Generator, ops: list[_Op], cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> tuple[int, int]:
-    """(threadblocks, threadblocks + steps) a rank with these operations needs at least:
-    more cuts and the nops that carry extra dependencies only add to them."""
-    ntb = threadblocks_at_least(gen, ops, cuts)
-    return ntb, ntb + steps_at_least(ops, _fusing_sends(ops))
-
-
-def _fusing_sends(ops: list[_Op]) -> list[bool]:
-    """Per op, whether it is a send of what its role's previous op (a fusing receive) got:
-    emission can fuse the two into one step."""
-    last: dict[int, _Op] = {}
-    out = []
-    for op in ops:
-        prev = last.get(op.role)
-        out.append(op.type == "s" and prev is not None and prev.fuse and prev.dst == op.src and prev.cnt == op.cnt)
-        last[op.role] = op
-    return out
 
 
 def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
@@ -570,7 +551,7 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
     per_rank_ops = [gen.generate(r) for r in chosen]
     # what the first rank needs at least, before the costly passes: many candidates fail here
     first_cuts = segment_cuts(gen, per_rank_ops[:1], {}, [[0] * len(per_rank_ops[0])])
-    ntb, rank_nodes = _footprint(gen, per_rank_ops[0], first_cuts)
+    ntb, rank_nodes = footprint(gen, per_rank_ops[0], first_cuts)
     check_threadblocks(ntb, limits, floor=True)
     check_nodes(plan.topology.nranks, rank_nodes, limits, floor=True)
     raw = [raw_dependencies(plan, ops) for ops in per_rank_ops]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from conftest import COLLECTIVES, topologies
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.lowering import lower, lowering_key, same_schedule
-from hipipe_compiler.plan import ChunkPlan, Plan, hierarchical_plan, ring_plan
+from hipipe_compiler.plan import hierarchical_plan, ring_plan
 from hipipe_compiler.runtime import Limits, piece_count
 from hipipe_compiler.topology import preset
 from hipipe_compiler.verify import verify
@@ -135,8 +135,8 @@ def test_the_xml_reader_limit_refuses_one_node_too_many_and_no_fewer():
 @given(plans(max_ranks=16))
 def test_the_early_footprint_never_exceeds_the_lowered_programs(plan):
     # lowering refuses a plan from this floor before its costly passes: it must be a floor
-    from hipipe_compiler.emission import segment_cuts
-    from hipipe_compiler.lowering import _footprint, _Generator
+    from hipipe_compiler.emission import footprint, segment_cuts
+    from hipipe_compiler.lowering import _Generator
     try:
         program = lower(plan)
     except PlanError:
@@ -144,7 +144,7 @@ def test_the_early_footprint_never_exceeds_the_lowered_programs(plan):
     gen = _Generator(plan, Limits())
     for gpu in program.gpus:
         ops = gen.generate(gpu.id)
-        ntb, rank_nodes = _footprint(gen, ops, segment_cuts(gen, [ops], {}, [[0] * len(ops)]))
+        ntb, rank_nodes = footprint(gen, ops, segment_cuts(gen, [ops], {}, [[0] * len(ops)]))
         assert ntb <= len(gpu.threadblocks)
         assert rank_nodes <= len(gpu.threadblocks) + sum(len(tb.steps) for tb in gpu.threadblocks)
 

@@ -127,18 +127,17 @@ def _stage_lanes(collective: str, order: tuple[int, ...], lane: int, knobs: Knob
     beside the other chunks' (their latencies overlap). ag_lane: all-gathers on lane + nlanes.
     spread: stages on the `slow` axes move to lane group chunk % spread.
     """
+    if not (knobs.fan or knobs.ag_lane or knobs.spread > 1):
+        return None  # every stage on the chunk's lane
     stages = chunk_stages(collective, order)
-    if knobs.fan:
-        lanes = [lane if st.kind == "rs" else nlanes + chunk for st in stages]
-    elif knobs.ag_lane:
-        lanes = [lane + nlanes if st.kind == "ag" else lane for st in stages]
-    elif knobs.spread > 1:
-        lanes = [lane for _st in stages]
-    else:
-        return None
-    if knobs.spread > 1:
-        group = chunk % knobs.spread * SPREAD_STRIDE
-        lanes = [v + group if st.axis in slow else v for v, st in zip(lanes, stages)]
+    group = chunk % knobs.spread * SPREAD_STRIDE
+    lanes = []
+    for st in stages:
+        if knobs.fan:
+            v = lane if st.kind == "rs" else nlanes + chunk
+        else:
+            v = lane + nlanes if knobs.ag_lane and st.kind == "ag" else lane
+        lanes.append(v + group if st.axis in slow else v)
     return tuple(lanes)
 
 
@@ -520,7 +519,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     coarse = [Knobs(1), *(Knobs(1, oneshot=True) for _ in [0] if allreduce)]
     large = nominal >= LARGE_WINDOW  # windows whose programs can be made size-independent
-    for k in (2, 4, 8, 16, 24, 32, 48, 64):
+    for k in (2, 4, 8, 16, 24, 32, 48, MAX_CHUNKS):
         if k > max_chunks:
             break
         spread = [Knobs(k, mix=True, ag_lane=True, granularity=2, ramp=1, arrange="lanes", spread=v) for v in (2, 3)]

@@ -8,7 +8,7 @@ from conftest import topologies
 from hipipe_compiler.bench import BASELINES
 from hipipe_compiler.bounds import lower_bound_us
 from hipipe_compiler.compiler import CompileOptions, compile_range
-from hipipe_compiler.hipipe import Knobs, Search, build_plan, optimize_window
+from hipipe_compiler.hipipe import SPREAD_STRIDE, Knobs, Search, build_plan, optimize_window
 from hipipe_compiler.lowering import lower
 from hipipe_compiler.lp import order_mix
 from hipipe_compiler.simulate import simulate, simulate_exact
@@ -49,7 +49,7 @@ def test_spread_puts_the_slowest_dimension_of_successive_chunks_on_lane_groups()
     for k, chunk in enumerate(plan.chunks):
         group = k // 2 % 3  # both ring directions of a chunk share its group
         for j, stage in enumerate(plan.stages(k)):
-            assert chunk.lane_of(j) // 1000 == (group if stage.axis == 2 else 0)
+            assert chunk.lane_of(j) // SPREAD_STRIDE == (group if stage.axis == 2 else 0)
     # z's messages of successive chunks go out side by side: a faster 64 MiB all-reduce
     plain = build_plan(topo, "allreduce", 64 * MiB, 64 * MiB, Knobs(48, mix=True, ag_lane=True, granularity=2, ramp=1,
                                                                       arrange="lanes"))

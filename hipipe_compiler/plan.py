@@ -411,10 +411,10 @@ def bandwidth_order(topology: Topology) -> tuple[int, ...]:
 
 def needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[str]) -> bool:
     """Whether chunks come in pairs, one per ring direction: some ring of more than two ranks
-    is run by ring (a flat ring uses one direction)."""
+    runs a ring algorithm, or one-shot (whose other stages run as rings); a flat ring uses
+    one direction."""
     if flat:
         return False
-    # one-shot axes still reduce-scatter and all-gather by ring when they are not last
     return any(d.uses_both_directions and alg in (*RING_ALGORITHMS, "oneshot") for d, alg in zip(topology.dimensions, algorithms))
 
 

@@ -9,9 +9,9 @@ from harness import measure, print_table
 CASES = {"8x4": "dgx-h100-8x4", "8x16": "dgx-h100-8x16", "1024 (8x4x8x4)": "pod-8x4x8x4"}
 CODE = """
 from hipipe_compiler.topology import preset
-from hipipe_compiler.plan import hierarchical_plan
-from hipipe_compiler.lowering import lower
-from hipipe_compiler.simulate import simulate
+from hipipe_compiler.schedule import hierarchical_plan
+from hipipe_compiler.lower import lower
+from hipipe_compiler.sim import simulate
 topo = preset({preset!r})
 program = lower(hierarchical_plan(topo, "allreduce", 1, max_bytes=1 << 30))
 start = time.perf_counter()

@@ -13,15 +13,13 @@ where compute is short and communication shows.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from tabulate import tabulate
 
-from hipipe_compiler.commcost import SimulatedCost
-from dataclasses import replace
-
-from hipipe_compiler.profiles import A100_AMP, BUILTIN_PROFILES, load_profile
 from hipipe_compiler.topology import load_topology
-from hipipe_compiler.training import POLICIES, plan_training
+from hipipe_compiler.training import POLICIES, SimulatedCost, load_profile, plan_training
+from hipipe_compiler.training.profiles import A100_AMP, BUILTIN_PROFILES
 
 
 def main() -> None:

@@ -8,9 +8,9 @@ from harness import CASES, measure, print_table
 
 CODE = """
 from hipipe_compiler.topology import preset
-from hipipe_compiler.plan import hierarchical_plan
-from hipipe_compiler.lowering import lower
-from hipipe_compiler.verify import verify
+from hipipe_compiler.schedule import hierarchical_plan
+from hipipe_compiler.lower import lower
+from hipipe_compiler.msccl import verify
 topo = preset({preset!r})
 program = lower(hierarchical_plan(topo, "allreduce", 1, max_bytes=1 << 30))
 start = time.perf_counter()

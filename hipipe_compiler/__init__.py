@@ -9,21 +9,18 @@ True
 """
 
 from .bounds import lower_bound
-from .commcost import SimulatedCost
 from .compiler import CompiledWindow, CompileOptions, compile_range, write_directory, write_file
 from .errors import InputError, PlanError
-from .lowering import lower
-from .runtime import Limits
-from .msccl_xml import lexical_issues, read_program, save_program, write_program
-from .plan import ChunkPlan, Plan, hierarchical_plan, ring_plan
-from .profiles import load_profile
-from .program import Gpu, Program, Step, Threadblock
-from .simulate import SimResult, simulate
-from .timeline import render_timeline
+from .lower import lower
+from .msccl import (
+    Gpu, Limits, Program, Report, Step, Threadblock, VerifyOptions, Violation, lexical_issues, read_program,
+    save_program, verify, write_program,
+)
+from .schedule import ChunkPlan, Plan, hierarchical_plan, ring_plan
+from .sim import SimResult, render_timeline, simulate
 from .topology import PRESETS, Dimension, Topology, load_topology, preset
-from .training import plan_training, write_plan
+from .training import SimulatedCost, load_profile, plan_training, write_plan
 from .units import format_size, parse_size
-from .verify import Report, Violation, VerifyOptions, verify
 
 __all__ = [
     "ChunkPlan", "CompileOptions", "CompiledWindow", "Dimension", "Gpu", "InputError", "Limits", "Plan", "PlanError",

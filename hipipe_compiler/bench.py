@@ -17,13 +17,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .lowering import lowering_key
 from .documents import load_document, validate_document
 from .errors import InputError, PlanError
-from .lowering import lower
-from .plan import Plan, hierarchical_plan, ring_plan, themis_plan
-from .program import Program
-from .simulate import SimulationError, simulate_exact
+from .files import write_atomic
+from .lower import lower, lowering_key
+from .msccl.program import Program
+from .optimizer.search import ABLATIONS, Search, optimize_window
+from .schedule import Plan, hierarchical_plan, ring_plan, themis_plan
+from .sim import SimulationError, simulate_exact
 from .topology import Topology, load_topology, topology_from_document
 from .units import format_size, parse_size
 
@@ -54,7 +55,6 @@ OPTIMIZED = ("hipipe", "hipipe-uniform", "hipipe-lp-1order", "hipipe-lp-mixed", 
 
 def optimized(name: str) -> Callable[[Topology, str, int], tuple[Program, dict[str, Any]]]:
     """An algorithm that searches its own plan for each size (HiPIPE, or an ablation of it)."""
-    from .hipipe import ABLATIONS, Search, optimize_window
     searches: dict[tuple[Topology, str], Search] = {}
 
     def run(topo: Topology, coll: str, size: int) -> tuple[Program, dict[str, Any]]:
@@ -266,7 +266,6 @@ def plot(rows: Sequence[BenchRow], path: str | Path, grid: Grid) -> None:
         axes[j // cols][j % cols].axis("off")
     fig.suptitle(f"{grid.collective}: bus bandwidth by message size (simulated)")
     fig.tight_layout()
-    from .msccl_xml import write_atomic
     buf = io.BytesIO()
     fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
     plt.close(fig)

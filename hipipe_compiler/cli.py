@@ -16,19 +16,23 @@ from tabulate import tabulate
 
 from . import __version__
 from .compiler import (
-    ALGORITHMS, DTYPES, CompileOptions, VerificationFailed, check_divisible, check_output_path,
-    compile_range, window_label, window_summary, write_directory, write_file,
+    ALGORITHMS, DTYPES, CompileOptions, VerificationFailed, check_divisible, compile_range, window_summary,
+    write_directory, write_file,
 )
 from .errors import InputError, PlanError
-from .runtime import Limits
-from .msccl_xml import DIALECTS, lexical_issues, read_program
-from .program import PLANNED_COLLECTIVES, PROTOCOLS
-from .profiles import A100_AMP
+from .files import check_output_path, write_atomic
+from .msccl.lexical import lexical_issues
+from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
+from .msccl.reader import read_program
+from .msccl.runtime import Limits
+from .msccl.verify import Report, VerifyOptions, Violation, verify
+from .msccl.writer import DIALECTS
+from .sim import SimulationError, simulate
 from .topology import PRESETS, load_topology
-from .training import POLICIES
+from .training.planner import POLICIES
+from .training.profiles import A100_AMP
 from .units import format_size, parse_size, parse_size_range
-from .simulate import SimulationError, simulate
-from .verify import Report, VerifyOptions, Violation, verify
+from .windows import window_label
 
 
 class _Parser(argparse.ArgumentParser):
@@ -335,7 +339,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if program.ngpus != topo.nranks:
         raise InputError(args.file, "algo.ngpus", f"the program is for {program.ngpus} ranks but {topo.label} has {topo.nranks}")
     if args.timeline:
-        from .timeline import check_picture_path
+        from .sim.timeline import check_picture_path
         check_picture_path(args.timeline)
         check_output_path(args.timeline, directory=False, option="--timeline")
         bad = [r for r in args.rank if r >= topo.nranks]
@@ -343,7 +347,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise InputError(None, "--rank", f"expected ranks below {topo.nranks}, got {bad[0]}")
     result = simulate(program, topo, args.size, record=bool(args.timeline))
     if args.timeline:
-        from .timeline import render_timeline
+        from .sim.timeline import render_timeline
         render_timeline(result, program, topo, args.timeline, args.rank, args.per_rank)
     if args.json:
         _print_json({"file": args.file, "topology": topo.label, **result.to_dict(),
@@ -415,9 +419,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from .commcost import SimulatedCost
-    from .profiles import load_profile
-    from .training import describe_cost, plan_training, write_plan
+    from .training.commcost import SimulatedCost
+    from .training.planner import describe_cost, plan_training, write_plan
+    from .training.profiles import load_profile
     out = check_output_path(args.output, directory=True) if args.output is not None else None
     topo = load_topology(args.topo)
     device = replace(A100_AMP, batch_size=args.batch_size or A100_AMP.batch_size, tflops=args.tflops or A100_AMP.tflops)
@@ -469,7 +473,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def write_text(path: str, text: str) -> None:
-    from .msccl_xml import write_atomic
     try:
         write_atomic(path, text)
     except OSError as exc:

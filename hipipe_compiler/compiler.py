@@ -10,20 +10,23 @@ Program per size window out, ready to be written as MSCCL XML.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .errors import InputError, PlanError
-from .lowering import lower, lowering_key
-from .runtime import Limits
-from .msccl_xml import Dialect, write_atomic, write_program
-from .plan import Plan, hierarchical_plan, ring_plan
-from .program import PLANNED_COLLECTIVES, PROTOCOLS, Program
+from .files import write_atomic, writing
+from .lower import lower, lowering_key
+from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS, Program
+from .msccl.runtime import Limits
+from .msccl.verify import Report, VerifyOptions, verify
+from .msccl.writer import Dialect, write_program
+from .optimizer import optimize
+from .schedule import Plan, hierarchical_plan, ring_plan
+from .sim import simulate_exact
 from .topology import Topology
 from .units import format_size
-from .verify import Report, VerifyOptions, verify
+from .windows import Window, size_windows
 
 #: Algorithms `hipipe compile --algo` accepts.
 ALGORITHMS: tuple[str, ...] = ("hipipe", "hierarchical", "ring")
@@ -32,31 +35,6 @@ DTYPES: dict[str, int] = {
     "int8": 1, "uint8": 1, "fp8": 1, "float16": 2, "bfloat16": 2,
     "int32": 4, "uint32": 4, "float32": 4, "int64": 8, "uint64": 8, "float64": 8,
 }
-
-
-@dataclass(frozen=True)
-class Window:
-    """An inclusive byte range [min_bytes, max_bytes] of call sizes one program serves."""
-
-    min_bytes: int
-    max_bytes: int
-
-    @property
-    def label(self) -> str:
-        """min..max, or min..<2^k when the window stops just below a power of two."""
-        return window_label(self.min_bytes, self.max_bytes)
-
-
-def window_label(min_bytes: int, max_bytes: int) -> str:
-    """A size window as people read it: 1KiB..<128KiB rather than 1KiB..127.999KiB.
-
-    >>> window_label(1024, (128 << 10) - 1), window_label(1 << 20, 1 << 20)
-    ('1KiB..<128KiB', '1MiB..1MiB')
-    """
-    end = max_bytes + 1
-    if end & (end - 1) == 0 and max_bytes > min_bytes:
-        return f"{format_size(min_bytes)}..<{format_size(end)}"
-    return f"{format_size(min_bytes)}..{format_size(max_bytes)}"
 
 
 @dataclass(frozen=True)
@@ -90,43 +68,6 @@ class VerificationFailed(Exception):
         self.window = window
         self.report = report
         super().__init__(f"window {window.label}: {report.summary()}")
-
-
-#: Windows double in size up to here and quadruple beyond: large calls change plans slowly.
-WIDE_WINDOWS_FROM = 16 << 20
-
-
-def size_windows(min_bytes: int, max_bytes: int) -> tuple[Window, ...]:
-    """Split [min, max] at powers of two (powers of four from WIDE_WINDOWS_FROM on) into
-    windows that tile it with no gap and no overlap.
-
-    >>> [(w.min_bytes, w.max_bytes) for w in size_windows(1000, 5000)]
-    [(1000, 1023), (1024, 2047), (2048, 4095), (4096, 5000)]
-    >>> [w.label for w in size_windows(16 << 20, 1 << 30)]
-    ['16MiB..<64MiB', '64MiB..<256MiB', '256MiB..<1GiB', '1GiB..1GiB']
-    """
-    if min_bytes < 1 or max_bytes < min_bytes:
-        raise InputError(None, "sizes", f"expected 1 <= MIN <= MAX, got {min_bytes}:{max_bytes}")
-    out = []
-    lo = min_bytes
-    while lo <= max_bytes:
-        nxt = 1 << lo.bit_length()  # the next power of two above lo
-        if nxt > WIDE_WINDOWS_FROM and (nxt.bit_length() - WIDE_WINDOWS_FROM.bit_length()) % 2:
-            nxt <<= 1  # beyond WIDE_WINDOWS_FROM, windows end at every other power of two
-        hi = min(max_bytes, nxt - 1)
-        out.append(Window(lo, hi))
-        lo = hi + 1
-    return tuple(out)
-
-
-def window_of(nbytes: int) -> Window:
-    """The size window holding nbytes, as `--sizes 1:MAX` would cut it for any MAX >= nbytes.
-
-    >>> window_of(3000).label, window_of(20 << 20).label
-    ('2KiB..<4KiB', '16MiB..<64MiB')
-    """
-    size = max(int(nbytes), 1)
-    return next(w for w in size_windows(1, 4 * size) if w.min_bytes <= size <= w.max_bytes)
 
 
 def check_options(topology: Topology, options: CompileOptions) -> None:
@@ -163,8 +104,7 @@ def baseline_planner(topology: Topology, options: CompileOptions, windows: Seque
 
 def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequence[Window],
                    progress: Callable[[int, int], None] | None = None) -> list[tuple[Plan, dict[str, Any]]]:
-    """HiPIPE: the optimizer's choice per window (hipipe.optimize), judged by the simulator."""
-    from .hipipe import optimize
+    """HiPIPE: the optimizer's choice per window (optimizer.optimize), judged by the simulator."""
     done = [0]
 
     def tick(_choice: Any) -> None:
@@ -236,7 +176,6 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
 
 def predict(cw: CompiledWindow, topology: Topology) -> dict[str, Any]:
     """Simulated time, busbw and utilisation at the window's largest size."""
-    from .simulate import simulate_exact
     size = cw.window.max_bytes
     result = simulate_exact(cw.program, topology, size)
     return {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
@@ -263,44 +202,6 @@ def program_file_name(cw: CompiledWindow, index: int) -> str:
     end = cw.window.max_bytes + 1
     end = end if end & (end - 1) == 0 else cw.window.max_bytes  # 64MiB-1GiB, whether 1GiB is in or just out
     return f"{p.collective}-{p.ngpus}r-{index:02d}-{format_size(cw.window.min_bytes)}-{format_size(end)}.xml"
-
-
-def check_output_path(path: str | Path, directory: bool, option: str = "-o") -> Path:
-    """Fail early, before any work, when the output cannot be written."""
-    if not str(path).strip():
-        raise InputError(None, option, "expected a file or directory name, got an empty one")
-    path = Path(path)
-    parent = path if directory and path.exists() else path.parent
-    if directory:
-        if path.exists() and not path.is_dir():
-            raise InputError(str(path), None, f"{option} expects a directory here, but a file is there")
-        if not path.exists() and not (parent.parent if parent == path else parent).exists():
-            raise InputError(str(path), None, "the parent directory does not exist")
-        target = path if path.exists() else path.parent
-    else:
-        if path.is_dir():
-            raise InputError(str(path), None, f"{option} expects a file name here, but it is a directory")
-        target = path.parent if str(path.parent) else Path(".")
-        if not target.exists():
-            raise InputError(str(path), None, "the parent directory does not exist")
-        if not target.is_dir():
-            raise InputError(str(path), None, f"{target} is not a directory")
-    if not os.access(target if str(target) else ".", os.W_OK):
-        raise InputError(str(path), None, "cannot write here (permission denied)")
-    return path
-
-
-def writing(path: Path):
-    """Turn an OS refusal to write into bad input (exit 2) naming the path."""
-    class _Guard:
-        def __enter__(self):
-            return None
-
-        def __exit__(self, kind, exc, tb):
-            if isinstance(exc, OSError):
-                raise InputError(str(path), None, f"cannot write: {exc.strerror or exc}") from None
-            return False
-    return _Guard()
 
 
 def write_file(cw: CompiledWindow, path: str | Path, dialect: Dialect = "executor") -> None:

@@ -1,4 +1,5 @@
-"""Reading YAML/JSON input files and checking them against our JSON schemas.
+"""Reading YAML/JSON input files and checking them against our JSON schemas (the top-level
+schemas/ directory, installed as hipipe_compiler.schemas).
 
 Every input document goes through here so that every bad file gets the same kind of
 message: one line naming the file, the field and what was expected.
@@ -7,19 +8,36 @@ message: one line naming the file, the field and what was expected.
 from __future__ import annotations
 
 import json
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
-
-from functools import lru_cache
 
 import jsonschema
 import yaml
 from referencing import Registry, Resource
 
 from .errors import InputError
-from .resources import load_json_schema, schema_path
 
 MAX_DOCUMENT_BYTES = 64 << 20
+
+
+def schema_path(name: str) -> Path:
+    """Path of a file of the top-level schemas/ directory (installed as hipipe_compiler.schemas)."""
+    try:
+        candidate = Path(str(resources.files("hipipe_compiler.schemas") / name))
+        if candidate.is_file():
+            return candidate
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parent.parent / "schemas" / name
+
+
+@lru_cache(maxsize=None)
+def load_json_schema(name: str) -> dict[str, Any]:
+    """The parsed JSON schema schemas/NAME."""
+    with open(schema_path(name), encoding="utf-8") as fh:
+        return json.load(fh)
 
 
 def load_document(path: str | Path) -> Any:
@@ -106,12 +124,12 @@ def _expected(error: jsonschema.ValidationError) -> str:
 def _registry() -> Registry:
     """Every schema of schemas/ by its $id, so schemas can refer to each other."""
     directory = schema_path("topology.schema.json").parent
-    resources = []
+    entries = []
     for path in sorted(directory.glob("*.schema.json")):
         contents = load_json_schema(path.name)
         if "$id" in contents:
-            resources.append((contents["$id"], Resource.from_contents(contents)))
-    return Registry().with_resources(resources)
+            entries.append((contents["$id"], Resource.from_contents(contents)))
+    return Registry().with_resources(entries)
 
 
 def validate_document(data: Any, schema_name: str, source: str | None) -> None:

@@ -24,8 +24,7 @@ BENCH_ALGORITHMS = ("ring", "hierarchical", "themis", "hipipe")
 def timeline(out: Path) -> Path:
     """Compile, simulate and draw the sample all-reduce."""
     from hipipe_compiler.compiler import CompileOptions, compile_range
-    from hipipe_compiler.simulate import simulate
-    from hipipe_compiler.timeline import render_timeline
+    from hipipe_compiler.sim import render_timeline, simulate
     from hipipe_compiler.topology import load_topology
 
     topo = load_topology(TIMELINE_TOPOLOGY)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import replace
 
-from hipipe_compiler.program import RECEIVING_TYPES, SENDING_TYPES, Program, Step, buffer_chunks
+from hipipe_compiler.msccl import Program, Step
+from hipipe_compiler.msccl.program import RECEIVING_TYPES, SENDING_TYPES, buffer_chunks
 
 EXPECTED = {
     "drop_message": {"connection.count"},

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from hipipe_compiler.msccl.program import PROTOCOLS
+from hipipe_compiler.schedule import ChunkPlan, Plan, check_plan
+from hipipe_compiler.schedule.baselines import auto_layouts
+from hipipe_compiler.schedule.plan import chunk_stages
+
 from conftest import topologies
-from hipipe_compiler.plan import ChunkPlan, Plan, auto_layouts, check_plan, chunk_stages
-from hipipe_compiler.program import PROTOCOLS
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
 WINDOWS = (1 << 16, 1 << 20, 64 << 20, 1 << 30)

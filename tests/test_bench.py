@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from conftest import REPO
 from hipipe_compiler.bench import BASELINES, Grid, load_grid, plot, run_grid, table, to_csv, to_json
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.topology import preset
+
+from conftest import REPO
 
 GRID = REPO / "benchmarks" / "grid.yaml"
 

@@ -4,9 +4,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import topologies
 from hipipe_compiler.bounds import bandwidth_bound_us, bus_factor, latency_bound_us, lower_bound, lower_bound_us
 from hipipe_compiler.topology import Dimension, Topology, preset
+
+from conftest import topologies
 
 GIB = 1 << 30
 

@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from conftest import SAMPLES, real_xml_files, run_hipipe, shared_path
-from hipipe_compiler.msccl_xml import lexical_issues, read_program
+from hipipe_compiler.msccl import lexical_issues, read_program
 from hipipe_compiler.topology import load_topology
+
+from conftest import SAMPLES, real_xml_files, run_hipipe, shared_path
 
 
 def test_quick_start_compile_then_verify(tmp_path):

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hipipe_compiler.compiler import (
-    MANIFEST_DIR, WIDE_WINDOWS_FROM, CompileOptions, check_divisible, check_output_path, compile_range, size_windows, write_directory,
-)
+from hipipe_compiler.compiler import MANIFEST_DIR, CompileOptions, check_divisible, compile_range, write_directory
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.msccl_xml import read_program
+from hipipe_compiler.files import check_output_path
+from hipipe_compiler.msccl import read_program
 from hipipe_compiler.topology import preset
+from hipipe_compiler.windows import WIDE_WINDOWS_FROM, size_windows
 
 
 @given(st.integers(1, 1 << 40), st.integers(0, 1 << 40))

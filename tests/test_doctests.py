@@ -10,7 +10,8 @@ import pytest
 
 import hipipe_compiler
 
-MODULES = sorted(m.name for m in pkgutil.iter_modules(hipipe_compiler.__path__, "hipipe_compiler.") if m.name != "hipipe_compiler.__main__")
+MODULES = sorted(m.name for m in pkgutil.walk_packages(hipipe_compiler.__path__, "hipipe_compiler.")
+                 if m.name != "hipipe_compiler.__main__")
 
 
 @pytest.mark.parametrize("name", MODULES)

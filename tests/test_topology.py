@@ -6,9 +6,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import SAMPLES, topologies
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.topology import PRESETS, Dimension, Topology, load_topology, preset
+
+from conftest import SAMPLES, topologies
 
 
 @given(topologies(max_ranks=256))

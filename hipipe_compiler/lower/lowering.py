@@ -1,0 +1,129 @@
+"""Lowering: Plan -> Program (per-rank threadblocks of send/recv/reduce steps), the driver of
+the passes, one module each:
+1. generate (generate.py): every rank's operations in one logical order (the plan's
+   schedule), each on a *role* (a logical threadblock: an axis, a lane, and a ring direction
+   or a peer offset);
+2. dependencies (dependencies.py): per rank, which earlier operation each one must wait
+   for, found by tracking every chunk slot's last writer and readers;
+3. segmentation (segments.py): roles longer than the step limit are cut, at the same
+   message on every rank, into several threadblocks on successive channels;
+4. fusion and 5. emission (emission.py): a receive followed by a send of the same data
+   becomes rrs/rcs/rrcs; dependencies are pruned with vector clocks, extra ones carried by
+   nops; then the Program with channel and threadblock numbers.
+
+>>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.schedule import hierarchical_plan
+>>> program = lower(hierarchical_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
+>>> program.ngpus, program.nchunksperloop, program.max_steps <= 64
+(16, 16, True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from ..collector import paused
+from ..errors import PlanError
+from ..msccl.program import Program
+from ..msccl.runtime import Limits, piece_count
+from ..schedule.estimate import events
+from ..schedule.plan import Plan, check_plan, largest_blocks
+from .dependencies import raw_dependencies
+from .emission import Layout, check_nodes, check_threadblocks, emit, footprint, fusing_sends
+from .generate import Generator
+from .segments import segment_cuts
+
+
+def lowering_key(plan: Plan) -> tuple[Any, ...]:
+    """Plans with equal keys lower to the same program apart from the window.
+
+    The window enters only through the piece limits, and those cut nothing at or above the
+    largest block: windows whose limits are all that large share the key (and the program)."""
+    n = plan.nchunksperloop
+    cap = max(largest_blocks(plan.topology, plan.flat, plan.chunks, plan.algorithms))
+    return (replace(plan, min_bytes=0, max_bytes=0, nominal_bytes=0, schedule=events(plan)),
+            min(cap, piece_count(plan.protocol, plan.max_bytes, n, True)),
+            min(cap, piece_count(plan.protocol, plan.max_bytes, n, False)))
+
+
+def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = None) -> Program:
+    """Lower a plan to a Program within the runtime limits, or raise PlanError saying why not.
+
+    With `ranks`, only those ranks' gpus are built (a partial program for estimates, such as
+    simulate(..., quotient=True) on rank 0; never written out).
+    """
+    with paused():
+        return _lower(plan, limits, ranks)
+
+
+def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -> bool:
+    """Whether each of `ranks` generates rank 0's operations (roles, ticks, types, counts and
+    fusions) with rank 0's dependencies. Lowering then gives them rank 0's program shifted
+    (simulate.symmetric), so rank 0 alone times the plan exactly; checked without emitting.
+
+    >>> from hipipe_compiler.schedule import hierarchical_plan
+    >>> from hipipe_compiler.topology import preset
+    >>> same_schedule(hierarchical_plan(preset("torus-4x4"), chunks=2, max_bytes=1 << 20), [5, 15])
+    True
+    """
+    with paused():
+        gen = Generator(plan, limits)
+        first = None
+        for rank in (0, *ranks):
+            ops = gen.generate(rank)
+            shape = [(op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, f) for op, f in zip(ops, fusing_sends(ops))]
+            signature = (shape, raw_dependencies(plan, ops))
+            if first is None:
+                first = signature
+            elif signature != first:
+                return False
+    return True
+
+
+def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
+    """lower() with the collector paused."""
+    check_plan(plan)
+    if plan.nchunksperloop > limits.max_offset + 1:
+        raise PlanError(
+            f"the plan needs {plan.nchunksperloop} chunks per loop ({plan.units} per rank x {plan.topology.nranks} ranks); "
+            f"chunk offsets are stored as int16 by the runtime, so at most {limits.max_offset + 1}; use fewer or smaller chunks")
+    gen = Generator(plan, limits)
+    chosen = list(range(plan.topology.nranks)) if ranks is None else list(ranks)
+    per_rank_ops = [gen.generate(r) for r in chosen]
+    # what the first rank needs at least, before the costly passes: many candidates fail here
+    first_cuts = segment_cuts(gen, per_rank_ops[:1], {}, [[0] * len(per_rank_ops[0])])
+    ntb, rank_nodes = footprint(gen, per_rank_ops[0], first_cuts)
+    check_threadblocks(ntb, limits, floor=True)
+    check_nodes(plan.topology.nranks, rank_nodes, limits, floor=True)
+    raw = [raw_dependencies(plan, ops) for ops in per_rank_ops]
+
+    # Segment with rank 0 alone first (cheap), then emit every rank with those budgets; ranks
+    # whose dependencies need a few more nops make another round.
+    budgets: dict[tuple[int, int], int] = {}
+    first: list[tuple[Any, Layout]] = []  # the first rank's last layout and its cuts: emit reuses it
+    probe = ([chosen[0]], per_rank_ops[:1], raw[:1])
+    extra = [[0] * len(per_rank_ops[0])]
+    for phase in ("probe", "all"):
+        ranks_, ops_, raw_ = probe if phase == "probe" else (chosen, per_rank_ops, raw)
+        if phase == "all":
+            extra = [list(extra[0]) if len(ops) == len(extra[0]) else [0] * len(ops) for ops in per_rank_ops]
+        # the probe's program is only kept when it is the whole answer
+        build = phase == "all" or len(chosen) == 1
+        for attempt in range(12):
+            cuts = first_cuts if phase == "probe" and attempt == 0 else segment_cuts(gen, ops_, budgets, extra)
+            program, overflow, nops = emit(plan, gen, ranks_, ops_, raw_, cuts, limits, build, first)
+            if not overflow:
+                break
+            extra = nops
+            for key, over in overflow.items():
+                budgets[key] = min(budgets.get(key, limits.max_steps), limits.max_steps) - max(1, over // 2)
+                if budgets[key] < 4:
+                    raise PlanError(f"axis {key[0]} lane {key[1]}: cannot fit the steps of one exchange into "
+                                    f"{limits.max_steps} steps per threadblock")
+        else:
+            raise PlanError("could not fit the plan into the step limit after repeated segmentation")
+        if len(chosen) == 1:
+            break
+    assert program is not None
+    return program

@@ -1,0 +1,232 @@
+"""A safe reader of any MSCCL XML file: no entity expansion, no DTD, no network, bounded
+size, and one InputError naming the first bad field of a malformed file. Elements the
+runtime would skip are skipped here too (msccl-runtime.md sections 1-6).
+
+>>> from hipipe_compiler.msccl.program import Program
+>>> from hipipe_compiler.msccl.writer import write_program
+>>> program = Program("demo", "allreduce", "Simple", 1, 2, 2, True, True, 0, 1024, ())
+>>> read_program(write_program(program).encode()) == program
+True
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Literal
+
+from lxml import etree
+
+from ..errors import InputError
+from .program import BUFFERS, COLLECTIVES, PROTOCOLS, STEP_TYPES, Gpu, Program, Step, Threadblock
+
+
+#: Files larger than this are refused unread (a 1024-rank program is far smaller).
+MAX_XML_BYTES = 512 << 20
+
+
+_INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+_ALGO_REQUIRED = ("proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
+
+
+class _Reader:
+    """Turns the parsed element stream into a Program, naming the first bad field."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, field: str, message: str) -> InputError:
+        return InputError(self.source, field, message)
+
+    def integer(self, attrs: dict[str, str], key: str, where: str, default: int | None = None) -> int:
+        if key not in attrs:
+            if default is not None:
+                return default
+            raise self.fail(f"{where}.{key}", "missing; this attribute is required")
+        value = attrs[key]
+        if not _INT.match(value):
+            if re.fullmatch(r"-?0[0-9]+", value):
+                raise self.fail(f"{where}.{key}", f"expected a plain decimal integer, got {value!r} (the runtime reads a leading zero as octal)")
+            raise self.fail(f"{where}.{key}", f"expected a plain decimal integer, got {value[:40]!r}")
+        number = int(value)
+        if abs(number) > (1 << 62):
+            raise self.fail(f"{where}.{key}", f"expected an integer of at most 62 bits, got {value[:40]!r}")
+        return number
+
+    def choice(self, attrs: dict[str, str], key: str, where: str, allowed: Iterable[str]) -> str:
+        allowed = tuple(allowed)
+        if key not in attrs:
+            raise self.fail(f"{where}.{key}", "missing; this attribute is required")
+        value = attrs[key]
+        if value not in allowed:
+            raise self.fail(f"{where}.{key}", f"expected one of {', '.join(allowed)}, got {value[:40]!r}")
+        return value
+
+    def flag(self, attrs: dict[str, str], key: str, where: str, default: int | None = None) -> bool:
+        value = self.integer(attrs, key, where, default)
+        return value != 0
+
+
+def read_program(source: str | Path | bytes, dialect: Literal["auto", "executor", "legacy"] = "auto",
+                 name: str | None = None) -> Program:
+    """Parse MSCCL XML (a path, or the bytes of a file) into a Program.
+
+    The parser never expands entities, never loads a DTD or touches the network, refuses
+    DOCTYPEs and files over MAX_XML_BYTES, and names the first bad field of a malformed
+    file in an InputError. Elements the runtime would skip are skipped here too.
+    """
+    if isinstance(source, (bytes, bytearray)):
+        data, label = bytes(source), name or "<xml>"
+        if len(data) > MAX_XML_BYTES:
+            raise InputError(label, None, f"file is larger than {MAX_XML_BYTES >> 20} MiB")
+    else:
+        label = name or str(source)
+        try:
+            size = os.stat(source).st_size
+            if size > MAX_XML_BYTES:
+                raise InputError(label, None, f"file is larger than {MAX_XML_BYTES >> 20} MiB")
+            with open(source, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise InputError(label, None, f"cannot read file: {exc.strerror or exc}") from None
+    return _parse(data, label, dialect)
+
+
+def _parse(data: bytes, label: str, dialect: str) -> Program:
+    reader = _Reader(label)
+    if re.search(rb"<!DOCTYPE|<!ENTITY", data, re.I):
+        raise reader.fail("", "DOCTYPE and entity declarations are not allowed in MSCCL XML")
+    events = etree.iterparse(
+        io.BytesIO(data), events=("start", "end"), resolve_entities=False, no_network=True, load_dtd=False,
+        huge_tree=False, remove_comments=True, remove_pis=True, dtd_validation=False, recover=False,
+    )
+    algo: dict[str, str] | None = None
+    gpus: list[Gpu] = []
+    gpu_attrs: tuple[int, int, int, int] | None = None
+    tbs: list[Threadblock] = []
+    tb_attrs: tuple[int, int, int, int] | None = None
+    steps: list[Step] = []
+    depth, skip_below = 0, None
+    gi = ti = si = -1
+    try:
+        for event, elem in events:
+            if event == "start":
+                depth += 1
+                if skip_below is not None:
+                    continue
+                tag = elem.tag
+                if depth == 1:
+                    if tag != "algo":
+                        raise reader.fail("", f"expected the first element to be <algo>, got <{tag}>")
+                    algo = dict(elem.attrib)
+                elif depth == 2 and tag == "gpu":
+                    gi += 1
+                    ti = -1
+                    w = f"gpu[{gi}]"
+                    ga = elem.attrib
+                    gpu_attrs = (reader.integer(ga, "id", w), reader.integer(ga, "i_chunks", w),
+                                 reader.integer(ga, "o_chunks", w), reader.integer(ga, "s_chunks", w))
+                    tbs = []
+                elif depth == 3 and tag == "tb":
+                    ti += 1
+                    si = -1
+                    w = f"gpu[{gi}].tb[{ti}]"
+                    ta = elem.attrib
+                    tb_attrs = (reader.integer(ta, "id", w), reader.integer(ta, "send", w),
+                                reader.integer(ta, "recv", w), reader.integer(ta, "chan", w))
+                    steps = []
+                elif depth == 4 and tag == "step":
+                    si += 1
+                    w = f"gpu[{gi}].tb[{ti}].step[{si}]"
+                    sa = elem.attrib
+                    steps.append(Step(
+                        s=reader.integer(sa, "s", w),
+                        type=reader.choice(sa, "type", w, STEP_TYPES),
+                        srcbuf=reader.choice(sa, "srcbuf", w, BUFFERS),
+                        srcoff=reader.integer(sa, "srcoff", w),
+                        dstbuf=reader.choice(sa, "dstbuf", w, BUFFERS),
+                        dstoff=reader.integer(sa, "dstoff", w),
+                        cnt=reader.integer(sa, "cnt", w),
+                        depid=reader.integer(sa, "depid", w),
+                        deps=reader.integer(sa, "deps", w),
+                        hasdep=_hasdep(reader, sa, w),
+                    ))
+                else:
+                    skip_below = depth  # the runtime skips unknown elements with their subtree
+            else:
+                if skip_below is not None:
+                    if depth == skip_below:
+                        skip_below = None
+                elif depth == 4:
+                    elem.clear()
+                elif depth == 3 and tb_attrs is not None:
+                    tbs.append(Threadblock(*tb_attrs, tuple(steps)))
+                    tb_attrs = None
+                    elem.clear()
+                elif depth == 2 and gpu_attrs is not None:
+                    gpus.append(Gpu(*gpu_attrs, tuple(tbs)))
+                    gpu_attrs = None
+                    elem.clear()
+                    parent = elem.getparent()
+                    if parent is not None:
+                        while elem.getprevious() is not None:
+                            del parent[0]
+                depth -= 1
+    except etree.XMLSyntaxError as exc:
+        line = f" at line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        msg = str(getattr(exc, "msg", exc)).split(", line")[0]
+        raise reader.fail("", f"malformed XML{line}: {msg}") from None
+    if algo is None:
+        raise reader.fail("", "no <algo> element")
+    return _program(reader, algo, dialect, tuple(gpus))
+
+
+def _program(reader: _Reader, a: dict[str, str], dialect: str, gpus: tuple[Gpu, ...]) -> Program:
+    coll_raw = reader.choice(a, "coll", "algo", (*COLLECTIVES, "reduce_scatter", "custom"))
+    # auto: the legacy runtime has its own reduce-scatter name and no outofplace attribute
+    is_legacy = dialect == "legacy" or (dialect == "auto" and (coll_raw == "reduce_scatter" or "outofplace" not in a))
+    collective = "reducescatter" if coll_raw == "reduce_scatter" else coll_raw
+    for key in _ALGO_REQUIRED:
+        if key not in a:
+            raise reader.fail(f"algo.{key}", "missing; this attribute is required")
+    if not is_legacy:
+        for key in ("outofplace", "minBytes", "maxBytes"):
+            if key not in a:
+                raise reader.fail(f"algo.{key}", "missing; the executor requires it")
+    protocol = reader.choice(a, "proto", "algo", PROTOCOLS)
+    ngpus = reader.integer(a, "ngpus", "algo")
+    nchannels = reader.integer(a, "nchannels", "algo")
+    nchunks = reader.integer(a, "nchunksperloop", "algo")
+    inplace = reader.flag(a, "inplace", "algo")
+    if is_legacy:
+        outofplace = not inplace
+        min_bytes = reader.integer(a, "minBytes", "algo", 0)
+        max_bytes = max(reader.integer(a, "maxBytes", "algo", 128 << 20) - 1, 0)
+    else:
+        outofplace = reader.flag(a, "outofplace", "algo")
+        min_bytes = reader.integer(a, "minBytes", "algo")
+        max_bytes = reader.integer(a, "maxBytes", "algo")
+    if not 1 <= ngpus <= 65536:
+        raise reader.fail("algo.ngpus", f"expected 1 to 65536 ranks, got {ngpus}")
+    if nchunks < 1:
+        raise reader.fail("algo.nchunksperloop", f"expected an integer >= 1, got {nchunks}")
+    if nchannels < 1:
+        raise reader.fail("algo.nchannels", f"expected an integer >= 1, got {nchannels}")
+    if min_bytes < 0:
+        raise reader.fail("algo.minBytes", f"expected a byte count >= 0, got {min_bytes}")
+    if max_bytes < 0:
+        raise reader.fail("algo.maxBytes", f"expected a byte count >= 0, got {max_bytes}")
+    return Program(
+        name=a.get("name", ""), collective=collective, protocol=protocol, nchannels=nchannels,
+        nchunksperloop=nchunks, ngpus=ngpus, inplace=inplace, outofplace=outofplace,
+        min_bytes=min_bytes, max_bytes=max_bytes, gpus=gpus,
+    )
+
+
+def _hasdep(reader: _Reader, attrs: dict[str, str], where: str) -> bool:
+    value = reader.integer(attrs, "hasdep", where)
+    if value not in (0, 1):
+        raise reader.fail(f"{where}.hasdep", f"expected 0 or 1, got {value}")
+    return bool(value)

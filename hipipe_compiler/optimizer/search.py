@@ -1,0 +1,361 @@
+"""The HiPIPE search: for a topology, collective and size window, candidate plans (knobs.py)
+and the baselines are lowered and simulated, and the simulator is the judge (design.md
+"Optimizer"): a coarse sweep, coordinate descent over every knob from the best few, and the
+finalists judged again at both ends of the window.
+
+>>> from hipipe_compiler.topology import preset
+>>> [choice] = optimize(preset("dgx-h100-8x2"), "allreduce", [(1 << 20, 1 << 20)])
+>>> choice.plan.label.startswith(("hipipe", "hierarchical", "themis", "ring"))
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Iterable, Sequence
+
+from ..bounds import lower_bound_us
+from ..collector import settling
+from ..errors import PlanError
+from ..lower import lower, lowering_key, same_schedule
+from ..msccl.program import Program
+from ..msccl.runtime import Limits
+from ..schedule.baselines import default_algorithms, hierarchical_plan, ring_plan, themis_plan
+from ..schedule.estimate import time_floor_us
+from ..schedule.plan import Plan
+from ..sim.simulate import SimulationError, probe_ranks, simulate
+from ..topology import Topology
+from .knobs import Knobs, build_plan
+
+
+#: Most pipeline chunks per loop iteration the search considers (program size grows with it).
+MAX_CHUNKS = 64
+#: A window keeps its smaller neighbour's plan when that costs less than this (the two windows
+#: then share one program and file when the plan does not depend on the window).
+REUSE_TOLERANCE = 0.003
+#: From this call size on, candidates use separate send and receive threadblocks everywhere
+#: (the same speed, and a program that neighbouring windows can share).
+LARGE_WINDOW = 64 << 20
+#: Simulations per window for the coordinate descent; bandwidth-bound windows (from
+#: BANDWIDTH_WINDOW on) get more on topologies up to BANDWIDTH_RANKS ranks, since balancing
+#: every dimension is where the search pays (larger ones cost too much per simulation).
+BUDGET = 60
+BANDWIDTH_BUDGET = 160
+BANDWIDTH_WINDOW = 16 << 20
+BANDWIDTH_RANKS = 256
+#: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
+BIDIR_TRIALS = 6
+#: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
+#: time so far is not lowered or simulated: it cannot win, and the margin keeps the near
+#: misses that may still rank among the descent's seeds and the finalists.
+FLOOR_MARGIN = 0.05
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One candidate plan and its simulated times at the sizes it was judged at."""
+
+    knobs: Knobs | None
+    plan: Plan
+    times_us: tuple[float, ...]
+    score: float  # mean of T / T_LB over the judged sizes (lower is better)
+
+
+class Search:
+    """Judges candidate plans with the quotient simulator, caching lowered programs."""
+
+    def __init__(self, topology: Topology, collective: str, limits: Limits | None = None, dtype_bytes: int = 4) -> None:
+        self.topology = topology
+        self.collective = collective
+        self.limits = limits or Limits()
+        self.dtype_bytes = dtype_bytes
+        self.programs: dict = {}
+        self.symmetric: dict = {}
+        self.times: dict = {}
+        self.evaluations = 0
+
+    def _lowered(self, plan: Plan, baseline: bool) -> tuple[Program, bool] | None:
+        """The program to simulate and whether rank 0 alone stands for every rank, or None
+        when the plan does not fit the runtime. A flat ring is never the same on every rank;
+        a baseline whose ranks differ (see `exact`) is simulated in full, since HiPIPE must
+        beat its real time."""
+        try:
+            if plan.flat:
+                return lower(plan, self.limits), False
+            rank0 = lower(plan, self.limits, ranks=[0])  # fails fast when the plan does not fit
+            if baseline and not self.exact(plan):
+                return lower(plan, self.limits), False
+            return rank0, True
+        except PlanError:
+            return None
+
+    def divides(self, plan: Plan, nbytes: int) -> bool:
+        """The runtime only runs a program when nchunksperloop divides the element count."""
+        return nbytes % (plan.nchunksperloop * self.dtype_bytes) == 0
+
+    def exact(self, plan: Plan) -> bool:
+        """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
+        shifted. Checked only for candidates that could win."""
+        if plan.flat:
+            return True  # simulated in full
+        key = lowering_key(plan)
+        if key not in self.symmetric:
+            try:
+                self.symmetric[key] = same_schedule(plan, probe_ranks(self.topology), self.limits)
+            except PlanError:
+                self.symmetric[key] = False
+        return self.symmetric[key]
+
+    def judge(self, plan: Plan, sizes: Sequence[int], knobs: Knobs | None = None) -> Evaluation | None:
+        """Simulate `plan` at each size (rank 0 alone when that is exact); None when the plan
+        does not fit the runtime or is not the same on every rank."""
+        key = lowering_key(plan)
+        if key not in self.programs:
+            self.programs[key] = self._lowered(plan, baseline=knobs is None)
+        entry = self.programs[key]
+        if entry is None:
+            return None
+        program, quotient = entry
+        times = []
+        for size in sizes:
+            tkey = (key, size)
+            if tkey not in self.times:
+                self.evaluations += 1
+                try:
+                    self.times[tkey] = simulate(program, self.topology, size, quotient=quotient).time_us
+                except SimulationError:
+                    self.times[tkey] = math.inf
+            times.append(self.times[tkey])
+        score = sum(t / (lower_bound_us(self.topology, self.collective, s) or 1.0) for t, s in zip(times, sizes)) / len(sizes)
+        return Evaluation(knobs, plan, tuple(times), score)
+
+
+def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool) -> list[Knobs]:
+    out = []
+    for chunks in sorted({max(1, k.chunks // 2), max(1, round(k.chunks * 2 / 3)), min(MAX_CHUNKS, round(k.chunks * 3 / 2)),
+                          min(MAX_CHUNKS, k.chunks * 2)}):
+        if chunks != k.chunks:
+            out.append(replace(k, chunks=chunks))
+    out += [replace(k, mix=not k.mix), replace(k, ag_lane=not k.ag_lane), replace(k, lp_sizes=not k.lp_sizes)]
+    out += [replace(k, lanes=v) for v in (1, 2, 3) if v != k.lanes]
+    out += [replace(k, granularity=v) for v in (1, 4, 8, 16) if v != k.granularity]
+    out += [replace(k, ramp=v) for v in (0, 1, 2, 3) if v != k.ramp]
+    out += [replace(k, spread=v) for v in (1, 2, 3) if v != k.spread]
+    out += [replace(k, protocol=v) for v in ("Simple", "LL128") if v != k.protocol]
+    if k.chunks <= 8:
+        out.append(replace(k, fan=not k.fan))
+    out.append(replace(k, split=not k.split))
+    if k.mix:
+        out += [replace(k, arrange=v) for v in ("spread", "lanes") if v != k.arrange]
+        out += [replace(k, tilt=k.tilt + d) for d in (1, -1, 3, -3)]
+    if allreduce:
+        out.append(replace(k, oneshot=not k.oneshot))
+    if rings:
+        out.append(replace(k, bidir=not k.bidir))
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan HiPIPE picked for one size window, with what it was judged on, and the next
+    best candidates (to fall back on if the chosen plan does not fit every rank)."""
+
+    min_bytes: int
+    max_bytes: int
+    plan: Plan
+    knobs: Knobs | None
+    sizes: tuple[int, ...]
+    times_us: tuple[float, ...]
+    evaluations: int
+    alternatives: tuple[Plan, ...] = ()
+
+
+def judged_sizes(min_bytes: int, max_bytes: int) -> tuple[int, ...]:
+    """The sizes a window's candidates are simulated at: its two ends (one when they meet)."""
+    return (min_bytes,) if min_bytes == max_bytes else (min_bytes, max_bytes)
+
+
+def _baselines(topology: Topology, collective: str, lo: int, hi: int, nominal: int) -> list[tuple[Knobs | None, Plan]]:
+    """The baselines of bench: hierarchical with 1, 4, 16 uniform chunks, Themis-like, and the
+    flat ring last (it is simulated on every rank, so it is judged only if the others leave
+    it a chance)."""
+    out: list[tuple[Knobs | None, Plan]] = []
+    for k in (1, 4, 16):
+        out.append((None, hierarchical_plan(topology, collective, k, min_bytes=lo, max_bytes=hi, nominal_bytes=nominal)))
+    out.append((None, themis_plan(topology, collective, 16, min_bytes=lo, max_bytes=hi, nominal_bytes=nominal)))
+    out.append((None, ring_plan(topology, collective, 1, "Simple", lo, hi, nominal)))
+    return out
+
+
+#: Restricted searches for the ablation of `hipipe bench --ablation`: knob values forced on
+#: every candidate, and whether the baselines compete.
+ABLATIONS: dict[str, tuple[dict[str, object], bool]] = {
+    "hipipe-uniform": ({"lp_sizes": False, "ramp": 0, "mix": False}, False),
+    "hipipe-lp-1order": ({"lp_sizes": True, "mix": False}, False),
+    "hipipe-lp-mixed": ({"lp_sizes": True, "mix": True}, False),
+    "hipipe-fixed-k8": ({"chunks": 8}, False),
+}
+
+
+def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Sequence[Knobs] = (),
+                    budget: int | None = None, forced: dict[str, object] | None = None, baselines: bool = True,
+                    neighbour: Choice | None = None) -> Choice:
+    """The best plan for calls of min_bytes..max_bytes, judged by the simulator.
+
+    Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
+    and all-gather lanes, and with one-shot for few chunks; then coordinate descent over
+    every knob from the best three, judged at the window's middle. The five best are judged
+    again at both ends of the window, and the best mean T / T_LB wins; the `neighbour`
+    window's plan wins if it is within REUSE_TOLERANCE of that.
+    """
+    topo, coll = search.topology, search.collective
+    nominal = int(math.sqrt(min_bytes * max_bytes))
+    middle = (nominal,)
+    if budget is None:
+        bandwidth_bound = nominal >= BANDWIDTH_WINDOW and topo.nranks <= BANDWIDTH_RANKS
+        budget = BANDWIDTH_BUDGET if bandwidth_bound else BUDGET
+
+    def selectable(plan: Plan) -> bool:
+        return search.divides(plan, min_bytes)
+
+
+    start = search.evaluations
+    skipped = 0  # candidates dropped by their time floor: they count toward the budget
+    bound = lower_bound_us(topo, coll, nominal) or 1.0
+    allreduce = coll == "allreduce"
+    def hopeless(plan: Plan, scores: Iterable[float]) -> bool:
+        """Whether the plan's time floor already loses to the best of these scores."""
+        return time_floor_us(plan, nominal) / bound > min(scores, default=math.inf) * (1 + FLOOR_MARGIN)
+
+    base_evals: list[Evaluation | None] = []
+    for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal):
+        if not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
+            base_evals.append(search.judge(plan, middle, knobs))
+    # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
+    # that is not a power of two), divisibility cannot steer the choice
+    strict = any(ev is not None and selectable(ev.plan) for ev in base_evals)
+    evals: list[Evaluation] = [ev for ev in base_evals if ev is not None and (selectable(ev.plan) or not strict)]
+    if not baselines:
+        evals = []
+    tried: set[Knobs] = set()
+
+    # a chunk whose last-stage messages carry under ~256 bytes per rank only adds latency
+    max_chunks = max(1, min(MAX_CHUNKS, nominal // (256 * topo.nranks)))
+
+    def attempt(knobs: Knobs) -> Evaluation | None:
+        nonlocal skipped
+        if forced:
+            knobs = replace(knobs, **forced)  # type: ignore[arg-type]
+        if knobs.oneshot and allreduce:
+            knobs = replace(knobs, bidir=False)  # one-shot plans run their ring stages both ways anyway
+        if knobs in tried or knobs.chunks < 1 or (knobs.chunks > max_chunks and not forced):
+            return None
+        tried.add(knobs)
+        plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
+        if strict and not selectable(plan):
+            return None
+        if hopeless(plan, (e.score for e in evals)):
+            skipped += 1
+            return None
+        ev = search.judge(plan, middle, knobs)
+        if ev is not None:
+            evals.append(ev)
+        return ev
+
+    coarse = [Knobs(1), *(Knobs(1, oneshot=True) for _ in [0] if allreduce)]
+    large = nominal >= LARGE_WINDOW  # windows whose programs can be made size-independent
+    for k in (2, 4, 8, 16, 24, 32, 48, MAX_CHUNKS):
+        if k > max_chunks:
+            break
+        spread = [Knobs(k, mix=True, ag_lane=True, granularity=2, ramp=1, arrange="lanes", spread=v) for v in (2, 3)]
+        if k == MAX_CHUNKS:  # the finest pipelines pay only with the slow dimension's latency covered
+            coarse += spread
+            break
+        coarse += [Knobs(k), Knobs(k, ag_lane=True), Knobs(k, mix=True, ag_lane=True),
+                   Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2)]
+        if k >= 8:
+            coarse.append(Knobs(k, mix=True, ag_lane=True, granularity=8, ramp=2, arrange="lanes", split=large))
+            coarse.append(Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, split=large))
+        if k >= 24:
+            coarse += [Knobs(k, mix=True, ag_lane=True, granularity=g, ramp=r, arrange="lanes", split=large)
+                       for g, r in ((4, 1), (4, 3), (2, 2), (1, 4))]
+            coarse += spread
+        if allreduce and k <= 4:
+            coarse.append(Knobs(k, ag_lane=True, oneshot=True))
+        if k <= 8:
+            coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
+    for knobs in (*seeds, *coarse):
+        attempt(knobs)
+    rings = "ring" in default_algorithms(topo)
+    if rings:  # the best few of the sweep also with both-way rings (or without, for seeds)
+        for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:BIDIR_TRIALS]:
+            attempt(replace(ev.knobs, bidir=not ev.knobs.bidir))  # type: ignore[union-attr]
+    def exact(ev: Evaluation) -> bool:
+        return ev.knobs is None or search.exact(ev.plan)
+
+    seeds_ranked = list(islice((e for e in sorted(evals, key=lambda e: e.score) if e.knobs is not None and exact(e)), 3))
+
+    def spent() -> int:
+        return search.evaluations - start + skipped
+
+    for i, seed in enumerate(seeds_ranked):
+        best = seed
+        improved = True
+        until = spent() + (budget - spent()) // (len(seeds_ranked) - i)
+        while improved and spent() < until:
+            improved = False
+            for knobs in _knob_neighbours(best.knobs, allreduce, rings):
+                ev = attempt(knobs)
+                # rank 0's time steers the descent; only the seeds and finalists must be exact
+                # (the check generates the probe ranks' operations, about one more lowering)
+                if ev is not None and ev.score < best.score * (1 - 1e-6):
+                    best, improved = ev, True
+                    break
+    sizes = judged_sizes(min_bytes, max_bytes)
+    finalists = [search.judge(e.plan, sizes, e.knobs) for e in islice((e for e in sorted(evals, key=lambda e: e.score) if exact(e)), 5)]
+    ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
+    best = ranked[0]
+    if neighbour is not None and not forced:
+        # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as
+        # good: the windows then share a program if it does not depend on the window
+        plan = neighbour.plan.with_window(min_bytes, max_bytes)
+        previous = (search.judge(plan, sizes, neighbour.knobs)
+                    if (not strict or selectable(plan)) and search.exact(plan) else None)
+        if previous is not None and previous.score <= best.score * (1 + REUSE_TOLERANCE):
+            ranked.insert(0, previous)
+            best = previous
+    return Choice(min_bytes, max_bytes, best.plan, best.knobs, sizes, best.times_us, search.evaluations - start,
+                  tuple(e.plan for e in ranked[1:]))
+
+
+def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | None:
+    """A window of the one size just past its neighbour's largest (such as 4GiB after
+    1GiB..<4GiB) takes the neighbour's plan: that plan was judged one byte away. None when
+    the plan does not fit or divide the size, or the window is wider."""
+    if not lo == hi == previous.max_bytes + 1:
+        return None
+    plan = previous.plan.with_window(lo, hi)
+    if not search.divides(plan, lo) or not search.exact(plan):
+        return None
+    ev = search.judge(plan, (lo,), previous.knobs)
+    if ev is None:
+        return None
+    return Choice(lo, hi, plan, previous.knobs, (lo,), ev.times_us, 0, previous.alternatives)
+
+
+def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, int]], limits=None,
+             progress=None, dtype_bytes: int = 4) -> list[Choice]:
+    """One Choice per window; each window starts from its neighbours' best knobs."""
+    search = Search(topology, collective, limits, dtype_bytes)
+    out: list[Choice] = []
+    with settling() as settle:
+        for lo, hi in windows:
+            seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
+            edge = _next_size(search, out[-1], lo, hi) if out else None
+            out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None))
+            settle()  # the programs cached so far stay: later collections need not walk them
+            if progress is not None:
+                progress(out[-1])
+    return out

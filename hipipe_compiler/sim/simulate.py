@@ -1,0 +1,516 @@
+"""The simulator: cost-model.md section 3, exactly. A Program, a topology and a call size in;
+time, algbw, busbw and T / T_LB out.
+
+Event driven: each message waits its alpha, then moves its bytes at the minimum over its
+resources (ports or directed links) of the resource's capacity divided by the number of
+messages moving bytes on it; rates are recomputed whenever a message starts or stops
+moving bytes. Threadblocks run their steps in order, iteration after iteration; steps wait
+for their dependencies in the same iteration; a send needs fewer than W messages
+outstanding on its connection; a receive consumes its connection's next message.
+
+>>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.schedule import hierarchical_plan
+>>> from hipipe_compiler.lower import lower
+>>> topo = preset("dgx-h100-8x2")
+>>> result = simulate(lower(hierarchical_plan(topo, max_bytes=1 << 20)), topo, 1 << 20)
+>>> result.time_us > result.lower_bound_us > 0
+True
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Hashable
+
+from ..bounds import bus_factor, lower_bound
+from ..msccl.program import RECEIVING_TYPES, SENDING_TYPES, Program, Step
+from ..msccl.runtime import FIFO_MESSAGES, SLICE_BYTES, WIRE_EFFICIENCY
+from ..topology import Topology
+
+
+class SimulationError(Exception):
+    """The program cannot run on this topology: an illegal link, or a deadlock."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@dataclass(frozen=True)
+class DimensionUsage:
+    """What one dimension carried: wire bytes per rank, and the mean busy fraction of its resources."""
+
+    name: str
+    bytes_per_rank: float
+    busy_fraction: float
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One message moving bytes (for timelines): when, where, and which chunk it carried."""
+
+    start_us: float
+    end_us: float
+    src: int
+    dst: int
+    dim: int
+    iteration: int
+    offset: int
+    cnt: int
+    tb: int
+    reduce: bool | None = None  # the receiver reduced it (reduce-scatter work) or copied it
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Time and rates of one simulated call (nccl-tests definitions for algbw and busbw)."""
+
+    collective: str
+    nbytes: int
+    nranks: int
+    time_us: float
+    lower_bound_us: float | None
+    iterations: int
+    dims: tuple[DimensionUsage, ...]
+    intervals: tuple[Interval, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def algbw_GBps(self) -> float:
+        return self.nbytes / (self.time_us * 1e3) if self.time_us > 0 else math.inf
+
+    @property
+    def busbw_GBps(self) -> float:
+        return self.algbw_GBps * bus_factor(self.collective, self.nranks)
+
+    @property
+    def utilisation(self) -> float | None:
+        if self.lower_bound_us is None or self.time_us <= 0:
+            return None
+        return self.lower_bound_us / self.time_us
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "collective": self.collective, "nbytes": self.nbytes, "ranks": self.nranks,
+            "time_us": self.time_us, "lower_bound_us": self.lower_bound_us, "utilisation": self.utilisation,
+            "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps, "iterations": self.iterations,
+            "dimensions": [{"name": d.name, "bytes_per_rank": d.bytes_per_rank, "busy_fraction": d.busy_fraction}
+                           for d in self.dims],
+        }
+
+
+class _Message:
+    __slots__ = ("sender", "conn", "resources", "remaining", "rate", "since", "version", "arrived", "arrival",
+                 "dim", "start", "offset", "cnt", "iteration", "src", "dst", "record_index")
+
+    def __init__(self, sender: "_Tb", conn: tuple, resources: tuple, wire_bytes: float, dim: int) -> None:
+        self.sender = sender
+        self.conn = conn
+        self.resources = resources
+        self.remaining = wire_bytes
+        self.rate = 0.0
+        self.since = 0.0
+        self.version = 0
+        self.arrived = False
+        self.arrival = math.inf
+        self.dim = dim
+        self.start = 0.0
+        self.record_index = -1
+
+
+class _Tb:
+    __slots__ = ("rank", "id", "send", "recv", "chan", "steps", "deps", "index", "iteration", "phase",
+                 "waiting_message", "local_done", "done", "key")
+
+    def __init__(self, rank: int, tb_id: int, send: int, recv: int, chan: int, steps: list[Step],
+                 deps: list[list[tuple[int, int]]]) -> None:
+        self.rank = rank
+        self.id = tb_id
+        self.send = send
+        self.recv = recv
+        self.chan = chan
+        self.steps = steps  # real steps only, with their positions
+        self.deps = deps
+        self.index = 0
+        self.iteration = 0
+        self.phase = "start"
+        self.waiting_message: _Message | None = None
+        self.done = not steps
+        self.key = (rank, tb_id)
+
+
+class _Simulator:
+    def __init__(self, program: Program, topology: Topology, nbytes: int, record: bool, quotient: bool = False) -> None:
+        if program.ngpus != topology.nranks:
+            raise SimulationError(f"the program is for {program.ngpus} ranks but the topology has {topology.nranks}", 2)
+        self.quotient = quotient
+        if quotient and [g.id for g in program.gpus] != [0]:
+            raise ValueError("a quotient simulation runs rank 0's program alone")
+        self.program = program
+        self.topology = topology
+        self.nbytes = nbytes
+        self.record = record
+        chunk = nbytes / program.nchunksperloop
+        self.iterations = max(1, math.ceil(chunk / SLICE_BYTES[program.protocol])) if nbytes > 0 else 1
+        self.chunk_slice = chunk / self.iterations  # data bytes one chunk moves per iteration
+        self.efficiency = WIRE_EFFICIENCY[program.protocol]
+        self.window = FIFO_MESSAGES[program.protocol]  # messages outstanding before a send waits
+        self.g = topology.reduce_bandwidth * 1e3 if topology.reduce_bandwidth else None  # bytes per us
+        self.now = 0.0
+        self.events: list = []
+        self.seq = 0
+        self.tbs: dict[tuple[int, int], _Tb] = {}
+        self.progress: dict[tuple[int, int], tuple[int, int]] = {}
+        self.waiters: dict[tuple[int, int], list[_Tb]] = defaultdict(list)
+        self.fifo: dict[tuple, deque] = defaultdict(deque)  # messages sent, not yet consumed
+        self.window_waiter: dict[tuple, _Tb] = {}
+        self.recv_waiter: dict[tuple, _Tb] = {}
+        self.active: dict[Hashable, set[_Message]] = defaultdict(set)
+        # a resource whose messages use it alone (a ring link; a port in a quotient run) is a
+        # processor-sharing queue: [virtual bytes served per message, when, heap of (virtual
+        # finish, seq, message), version], so a start or finish reschedules one event, not all
+        self.shared: dict[Hashable, list] = {}
+        self.capacity: dict[Hashable, float] = {}
+        self.busy_since: dict[Hashable, float] = {}
+        self.busy_time: dict[Hashable, float] = defaultdict(float)
+        self.dim_bytes = [0.0] * topology.ndims
+        self.intervals: list[Interval] = []
+        self.link_cache: dict[tuple[int, int], tuple] = {}
+        self.recv_queues: dict[tuple[int, int], tuple] = {}
+        for gpu in program.gpus:
+            for tb in gpu.threadblocks:
+                steps, deps, pending = [], [], []
+                for pos, st in enumerate(tb.steps):
+                    if st.depid >= 0:
+                        pending.append((st.depid, st.deps))
+                    if st.type != "nop":
+                        steps.append((pos, st))
+                        deps.append(pending)
+                        pending = []
+                t = _Tb(gpu.id, tb.id, tb.send, tb.recv, tb.chan, steps, deps)
+                self.tbs[t.key] = t
+                self.progress[t.key] = (0, -1)
+        self.last_done = 0.0
+
+    # -- events
+    def schedule(self, time: float, kind: str, obj: Any, version: int = 0) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (time, self.seq, kind, obj, version))
+
+    def run(self) -> float:
+        for tb in sorted(self.tbs.values(), key=lambda t: t.key):
+            if tb.done:
+                self.progress[tb.key] = (self.iterations, -1)
+            else:
+                self.schedule(0.0, "try", tb)
+        while self.events:
+            time, _seq, kind, obj, version = heapq.heappop(self.events)
+            self.now = time
+            if kind == "try":
+                self.advance(obj)
+            elif kind == "latency":
+                self.start_transfer(obj)
+            elif kind == "transfer":
+                if obj.version == version and not obj.arrived:
+                    self.finish_transfer(obj)
+            elif kind == "shared":
+                if self.shared[obj][3] == version:
+                    self.finish_shared(obj)
+            elif kind == "local":
+                self.complete_step(obj)
+        stuck = [t for t in self.tbs.values() if not t.done]
+        if stuck:
+            t = min(stuck, key=lambda x: x.key)
+            pos, st = t.steps[t.index]
+            raise SimulationError(f"deadlock: rank {t.rank} tb {t.id} never finishes step {pos} ({st.type}) of "
+                                  f"iteration {t.iteration}; {len(stuck)} threadblock(s) stuck")
+        return self.last_done
+
+    # -- connections
+    def send_queue(self, tb: _Tb) -> tuple:
+        return (tb.chan, tb.rank, tb.send)
+
+    def recv_queue(self, tb: _Tb) -> tuple:
+        """The queue a receive consumes. In a quotient simulation rank 0 stands for every rank:
+        what it receives from q is what it sends to -q (q's coordinates negated)."""
+        queue = self.recv_queues.get(tb.key)
+        if queue is None:
+            if self.quotient:
+                topo = self.topology
+                mirror = topo.rank(tuple(-c % d.size for c, d in zip(topo.coords(tb.recv), topo.dimensions)))
+                queue = (tb.chan, tb.rank, mirror)
+            else:
+                queue = (tb.chan, tb.recv, tb.rank)
+            self.recv_queues[tb.key] = queue
+        return queue
+
+    # -- threadblocks
+    def deps_met(self, tb: _Tb) -> bool:
+        for depid, deps in tb.deps[tb.index]:
+            key = (tb.rank, depid)
+            it, pos = self.progress.get(key, (self.iterations, 0))
+            if it < tb.iteration or (it == tb.iteration and pos < deps):
+                self.waiters[key].append(tb)
+                return False
+        return True
+
+    def step_bytes(self, st: Step) -> float:
+        return st.cnt * self.chunk_slice
+
+    def local_time(self, st: Step) -> float:
+        return self.step_bytes(st) / self.g if self.g else 0.0
+
+    def advance(self, tb: _Tb) -> None:
+        """Move a threadblock forward from its current phase as far as it can go now."""
+        if tb.done:
+            return
+        pos, st = tb.steps[tb.index]
+        if tb.phase == "start":
+            if not self.deps_met(tb):
+                return
+            tb.phase = "recv" if st.type in RECEIVING_TYPES else ("send" if st.type in SENDING_TYPES else "local")
+        if tb.phase == "recv":
+            conn = self.recv_queue(tb)
+            queue = self.fifo[conn]
+            if not queue or not queue[0].arrived:
+                self.recv_waiter[conn] = tb
+                return
+            self.recv_waiter.pop(conn, None)
+            msg = queue.popleft()  # consumed now: it stops counting toward the window
+            sender = self.window_waiter.pop(conn, None)
+            if sender is not None:
+                self.schedule(self.now, "try", sender)
+            reduces = st.type in ("rrs", "rrc", "rrcs")
+            if msg.record_index >= 0:  # a receive into scratch is data a later `re` reduces
+                reduced = reduces or (st.type == "r" and st.dstbuf == "s")
+                self.intervals[msg.record_index] = replace(self.intervals[msg.record_index], reduce=reduced)
+            after = "send" if st.type in SENDING_TYPES else "finish"
+            if reduces and self.g:
+                tb.phase = "reduce:" + after
+                self.schedule(self.now + self.local_time(st), "local", tb)
+                return
+            tb.phase = after
+        if tb.phase == "local":
+            tb.phase = "finish"
+            t = self.local_time(st) if st.type in ("cpy", "re") else 0.0
+            if t > 0:
+                self.schedule(self.now + t, "local", tb)
+                return
+        if tb.phase == "send":
+            conn = self.send_queue(tb)
+            if len(self.fifo[conn]) >= self.window:
+                self.window_waiter[conn] = tb
+                return
+            self.send_message(tb, st, conn)
+            tb.phase = "await"
+            return
+        if tb.phase == "finish":
+            self.complete_step(tb)
+
+    def complete_step(self, tb: _Tb) -> None:
+        if tb.phase.startswith("reduce:"):
+            tb.phase = tb.phase.split(":")[1]
+            if tb.phase == "send":
+                self.advance(tb)
+                return
+        if tb.phase not in ("finish", "await"):
+            tb.phase = "finish"
+        pos, _st = tb.steps[tb.index]
+        self.progress[tb.key] = (tb.iteration, pos)
+        self.last_done = max(self.last_done, self.now)
+        for w in self.waiters.pop(tb.key, []):
+            self.schedule(self.now, "try", w)
+        tb.index += 1
+        tb.phase = "start"
+        if tb.index >= len(tb.steps):
+            tb.index = 0
+            tb.iteration += 1
+            if tb.iteration >= self.iterations:
+                tb.done = True
+                self.progress[tb.key] = (self.iterations, -1)
+                for w in self.waiters.pop(tb.key, []):
+                    self.schedule(self.now, "try", w)
+                return
+        self.advance(tb)
+
+    # -- messages
+    def link(self, a: int, b: int) -> tuple:
+        key = (a, b)
+        if key not in self.link_cache:
+            res = self.topology.link_resources(a, b)
+            if res is None:
+                raise SimulationError(f"no link between rank {a} and rank {b} in topology {self.topology.label}", 2)
+            d = self.topology.link_dimension(a, b)
+            if self.quotient:
+                # every rank's ingress port carries the mirror image of its egress traffic
+                res = tuple((r, cap) for r, cap in res if r[0] != "in")
+            resources = tuple(r for r, _cap in res)
+            for r, cap in res:
+                self.capacity[r] = cap * 1e3  # bytes per microsecond
+            self.link_cache[key] = (resources, d, self.topology.dimensions[d].latency)
+        return self.link_cache[key]
+
+    def send_message(self, tb: _Tb, st: Step, conn: tuple) -> None:
+        resources, dim, alpha = self.link(tb.rank, tb.send)
+        wire = self.step_bytes(st) / self.efficiency
+        msg = _Message(tb, conn, resources, wire, dim)
+        msg.src, msg.dst = tb.rank, tb.send
+        msg.iteration, msg.offset, msg.cnt = tb.iteration, st.srcoff if st.srcoff >= 0 else st.dstoff, st.cnt
+        self.fifo[conn].append(msg)
+        self.dim_bytes[dim] += wire
+        tb.waiting_message = msg
+        self.schedule(self.now + alpha, "latency", msg)
+
+    def start_transfer(self, msg: _Message) -> None:
+        msg.start = self.now
+        if msg.remaining <= 0:
+            self.arrive(msg)
+            return
+        if len(msg.resources) == 1:
+            r = msg.resources[0]
+            queue = self.shared.get(r)
+            if queue is None:
+                queue = self.shared[r] = [0.0, self.now, [], 0]
+            self.serve(r, queue)
+            if not queue[2]:
+                self.busy_since[r] = self.now
+            self.seq += 1
+            heapq.heappush(queue[2], (queue[0] + msg.remaining, self.seq, msg))
+            self.next_finish(r, queue)
+            return
+        for r in msg.resources:
+            if not self.active[r]:
+                self.busy_since[r] = self.now
+            self.active[r].add(msg)
+        self.reschedule({m for r in msg.resources for m in self.active[r]})
+
+    def finish_transfer(self, msg: _Message) -> None:
+        for r in msg.resources:
+            self.active[r].discard(msg)
+            if not self.active[r]:
+                self.busy_time[r] += self.now - self.busy_since.pop(r)
+        msg.remaining = 0.0
+        affected = {m for r in msg.resources for m in self.active[r]}
+        self.arrive(msg)
+        self.reschedule(affected)
+
+    def serve(self, r: Hashable, queue: list) -> None:
+        """Bring a shared resource's virtual time up to now: each of its n messages got
+        capacity / n bytes per microsecond since the last change."""
+        if queue[2]:
+            queue[0] += (self.now - queue[1]) * self.capacity[r] / len(queue[2])
+        queue[1] = self.now
+
+    def next_finish(self, r: Hashable, queue: list) -> None:
+        queue[3] += 1
+        if queue[2]:
+            left = max(0.0, queue[2][0][0] - queue[0])
+            self.schedule(self.now + left * len(queue[2]) / self.capacity[r], "shared", r, queue[3])
+
+    def finish_shared(self, r: Hashable) -> None:
+        """The message of a shared resource with the least bytes left has moved them all."""
+        queue = self.shared[r]
+        self.serve(r, queue)
+        _v, _seq, msg = heapq.heappop(queue[2])
+        if not queue[2]:
+            self.busy_time[r] += self.now - self.busy_since.pop(r)
+        msg.remaining = 0.0
+        self.next_finish(r, queue)
+        self.arrive(msg)
+
+    def reschedule(self, messages: set[_Message]) -> None:
+        """Bring each message's bytes up to date and give it its new rate and end time."""
+        for m in messages:
+            if m.rate > 0:
+                m.remaining = max(0.0, m.remaining - m.rate * (self.now - m.since))
+            m.rate = min(self.capacity[r] / len(self.active[r]) for r in m.resources)
+            m.since = self.now
+            m.version += 1
+            self.schedule(self.now + m.remaining / m.rate, "transfer", m, m.version)
+
+    def arrive(self, msg: _Message) -> None:
+        msg.arrived = True
+        msg.arrival = self.now
+        if self.record:
+            msg.record_index = len(self.intervals)
+            self.intervals.append(Interval(msg.start, self.now, msg.src, msg.dst, msg.dim, msg.iteration,
+                                           msg.offset, msg.cnt, msg.sender.id))
+        receiver = self.recv_waiter.get(msg.conn)
+        if receiver is not None and self.fifo[msg.conn] and self.fifo[msg.conn][0] is msg:
+            self.schedule(self.now, "try", receiver)
+        sender = msg.sender
+        if sender.waiting_message is msg:
+            sender.waiting_message = None
+            self.complete_step(sender)
+
+
+def probe_ranks(topology: Topology) -> list[int]:
+    """A few ranks whose programs, set beside rank 0's, show whether a lowering gives every
+    rank the same schedule (coordinates all 1, all n-1, and d+1 in dimension d)."""
+    sizes = [d.size for d in topology.dimensions]
+    coords = [tuple(1 % n for n in sizes), tuple(n - 1 for n in sizes), tuple((d + 1) % n for d, n in enumerate(sizes))]
+    return sorted({topology.rank(c) for c in coords} - {0})
+
+
+def _shape(gpu, topology: Topology) -> tuple:
+    """What decides a rank's timing: its threadblocks' channels, peers relative to the rank,
+    and steps (type, count, dependencies), but not the buffer offsets."""
+    here = topology.coords(gpu.id)
+
+    def rel(q: int):
+        return None if q < 0 else tuple((c - o) % d.size for c, o, d in zip(topology.coords(q), here, topology.dimensions))
+    return tuple((tb.chan, rel(tb.send), rel(tb.recv), tuple((st.type, st.cnt, st.depid, st.deps) for st in tb.steps))
+                 for tb in gpu.threadblocks)
+
+
+def symmetric(program: Program, topology: Topology) -> bool:
+    """True when every rank in `program` runs rank 0's schedule shifted by its coordinates,
+    which makes a quotient simulation of rank 0 exact. A partial program (some ranks only)
+    is checked on the ranks it holds, e.g. rank 0 and `probe_ranks`.
+
+    >>> from hipipe_compiler.lower import lower
+    >>> from hipipe_compiler.schedule import hierarchical_plan, ring_plan
+    >>> from hipipe_compiler.topology import preset
+    >>> topo = preset("torus-4x4")
+    >>> symmetric(lower(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20)), topo)
+    True
+    >>> symmetric(lower(ring_plan(topo, max_bytes=1 << 20)), topo)  # one ring through all ranks
+    False
+    """
+    if not program.gpus or program.gpus[0].id != 0 or len(program.gpus) < 2:
+        return False
+    first = _shape(program.gpus[0], topology)
+    return all(_shape(g, topology) == first for g in program.gpus[1:])
+
+
+def simulate_exact(program: Program, topology: Topology, nbytes: int) -> SimResult:
+    """The time of a whole program: rank 0 alone when every rank runs its schedule shifted
+    (fast and exact), every rank otherwise."""
+    if symmetric(program, topology):
+        return simulate(replace(program, gpus=program.gpus[:1]), topology, nbytes, quotient=True)
+    return simulate(program, topology, nbytes)
+
+
+def simulate(program: Program, topology: Topology, nbytes: int, record: bool = False, quotient: bool = False) -> SimResult:
+    """Time one call of nbytes (the nccl-tests size: all-reduce buffer, reduce-scatter input,
+    all-gather output) of `program` on `topology`.
+
+    `quotient` runs rank 0 alone (a program from lower(plan, ranks=[0])): exact when every
+    rank runs rank 0's schedule shifted by its coordinates (`symmetric`; `simulate_exact`
+    checks it), an estimate otherwise. Raises SimulationError for an illegal link or a deadlock.
+    """
+    sim = _Simulator(program, topology, nbytes, record, quotient)
+    time = sim.run()
+    bound = lower_bound(topology, program.collective, nbytes)
+    n = topology.nranks
+    senders = 1 if quotient else n
+    dims = []
+    for d in range(topology.ndims):
+        keys = [r for r in sim.capacity if (r[0] == "link" and topology.link_dimension(r[1], r[2]) == d)
+                or (r[0] in ("out", "in") and r[2] == d)]
+        busy = sum(sim.busy_time[r] for r in keys) / (len(keys) * time) if keys and time > 0 else 0.0
+        dims.append(DimensionUsage(topology.dim_name(d), sim.dim_bytes[d] / senders, busy))
+    return SimResult(program.collective, nbytes, n, time, None if bound is None else bound.total_us,
+                     sim.iterations, tuple(dims), tuple(sim.intervals))

@@ -1,0 +1,96 @@
+"""The safe reader: real files read back with the same semantics, hostile and broken files
+refused with one line naming the field, and elements the runtime skips skipped."""
+
+import re
+
+import pytest
+from lxml import etree
+
+from hipipe_compiler.errors import InputError
+from hipipe_compiler.msccl import lexical_issues, read_program, write_program
+from hipipe_compiler.msccl.verify import verify
+from hipipe_compiler.topology import preset
+
+from conftest import real_xml_files, shared_path
+from msccl_files import GOOD, XSD, emitted
+
+
+@pytest.mark.parametrize("path", real_xml_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_real_files_read_and_write_back_with_the_same_semantics(path):
+    program = read_program(path)
+    text = write_program(program)
+    again = read_program(text.encode())
+    assert again == program
+    assert XSD.validate(etree.parse(str(path)))
+    assert lexical_issues(path.read_bytes()) == []
+    assert verify(again).ok == verify(program).ok
+
+
+def test_real_files_are_present_or_skipped():
+    assert real_xml_files(), "expected the shared MSCCL files"
+    shared_path("msccl-algorithms", "ndv4", "r48ll.xml")
+
+
+# -- the runtime reader's lexical rules ------------------------------------------------------
+
+
+# -- hostile and broken input ----------------------------------------------------------------
+
+HOSTILE = {
+    "billion laughs": b'<?xml version="1.0"?><!DOCTYPE l [<!ENTITY a "aaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;"><!ENTITY c "&b;&b;&b;&b;&b;&b;">]><algo name="&c;"/>',
+    "external entity": b'<!DOCTYPE x [<!ENTITY e SYSTEM "file:///etc/passwd">]><algo name="&e;"/>',
+    "external dtd": b'<!DOCTYPE algo SYSTEM "http://example.com/x.dtd"><algo/>',
+    "deep nesting": b"<algo " + GOOD[6:GOOD.index(">") + 1].encode() + b"<x>" * 5000 + b"</x>" * 5000 + b"</algo>",
+    "not xml": b"\x00\x01\x02garbage",
+    "truncated": GOOD.encode()[:60],
+    "wrong root": b"<gpu id='0'/>",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_xml_is_refused_with_one_line(name):
+    with pytest.raises(InputError) as info:
+        read_program(HOSTILE[name], name="evil.xml")
+    assert str(info.value).startswith("evil.xml")
+    assert "\n" not in str(info.value)
+
+
+def _program_text(**changes) -> bytes:
+    text = write_program(emitted(preset("dgx-h100-8x2"), "allreduce"))
+    for key, value in changes.items():
+        text = re.sub(rf'{key}="[^"]*"', f'{key}="{value}"', text, count=1)
+    return text.encode()
+
+
+@pytest.mark.parametrize("key,value,field", [
+    ("cnt", "abc", "cnt"), ("cnt", "1e3", "cnt"), ("cnt", "0x10", "cnt"), ("cnt", "010", "cnt"),
+    ("hasdep", "2", "hasdep"), ("type", "ra", "type"), ("proto", "Fast", "proto"), ("srcbuf", "x", "srcbuf"),
+    ("ngpus", " 16", "ngpus"), ("depid", "", "depid"), ("coll", "allreduceX", "coll"),
+])
+def test_wrong_types_and_garbage_numbers_name_the_field(key, value, field):
+    with pytest.raises(InputError) as info:
+        read_program(_program_text(**{key: value}), name="bad.xml")
+    assert f".{field}" in str(info.value) or info.value.field == f"algo.{field}"
+
+
+def test_missing_attribute_and_leading_zero_message():
+    text = _program_text().replace(b' maxBytes="', b' maxbytes="', 1)
+    with pytest.raises(InputError, match="maxBytes"):
+        read_program(text)
+    with pytest.raises(InputError, match="octal"):
+        read_program(_program_text(cnt="01"))
+
+
+def test_oversized_files_are_refused_unread(tmp_path, monkeypatch):
+    import hipipe_compiler.msccl.reader as mx
+    monkeypatch.setattr(mx, "MAX_XML_BYTES", 1000)
+    path = tmp_path / "big.xml"
+    path.write_bytes(_program_text())
+    with pytest.raises(InputError, match="larger than"):
+        read_program(path)
+
+
+def test_unknown_elements_are_skipped_like_the_runtime_does():
+    text = _program_text().decode().replace("  <gpu id=\"1\"", '  <note a="1"><deep/></note>\n  <gpu id="1"', 1)
+    program = read_program(text.encode())
+    assert program == read_program(_program_text())

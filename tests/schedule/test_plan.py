@@ -1,0 +1,41 @@
+"""Plans: stages, checks, the default emission order and the baseline builders."""
+
+import pytest
+
+from hipipe_compiler.errors import PlanError
+from hipipe_compiler.schedule import ChunkPlan, Plan, check_plan
+from hipipe_compiler.schedule.plan import chunk_stages
+from hipipe_compiler.topology import preset
+
+
+def test_stages_of_each_collective():
+    assert [(s.kind, s.axis) for s in chunk_stages("allreduce", (0, 1, 2))] == [
+        ("rs", 0), ("rs", 1), ("ar", 2), ("ag", 1), ("ag", 0)]
+    assert [(s.kind, s.axis) for s in chunk_stages("reducescatter", (1, 0))] == [("rs", 1), ("rs", 0)]
+    assert [(s.kind, s.axis) for s in chunk_stages("allgather", (1, 0))] == [("ag", 0), ("ag", 1)]
+    assert [s.depth for s in chunk_stages("allgather", (1, 0))] == [1, 0]
+
+
+def _plan(**kw):
+    base = dict(topology=preset("torus-4x4"), collective="allreduce", chunks=(ChunkPlan(1, (0, 1)),),
+                algorithms=("ring", "ring"), layouts=("fused", "fused"))
+    base.update(kw)
+    return Plan(**base)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(collective="alltoall"), "cannot plan"),
+    (dict(protocol="Fast"), "protocol"),
+    (dict(chunks=()), "at least one chunk"),
+    (dict(chunks=(ChunkPlan(0, (0, 1)),)), "units"),
+    (dict(chunks=(ChunkPlan(1, (0, 0)),)), "order"),
+    (dict(chunks=(ChunkPlan(1, (0, 1), direction=2),)), "direction"),
+    (dict(algorithms=("direct", "ring")), "direct exchange needs a switch"),
+    (dict(algorithms=("ring",)), "one algorithm"),
+    (dict(layouts=("fused", "sideways")), "layout"),
+    (dict(schedule=((0, 1), (0, 0), (0, 2))), "before stage"),
+    (dict(schedule=((0, 0),)), "every"),
+])
+def test_check_plan_rejects_malformed_plans(kw, match):
+    with pytest.raises(PlanError, match=match):
+        check_plan(_plan(**kw))

@@ -8,10 +8,8 @@ beat, for a collective of M bytes. It depends on the topology and M only.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
-from functools import lru_cache
 
 from .topology import Topology
 
@@ -51,56 +49,24 @@ def bandwidth_bound_us(topology: Topology, collective: str, nbytes: float) -> tu
     return best, where
 
 
-@lru_cache(maxsize=256)
 def latency_bound_us(topology: Topology) -> float:
     """The largest, over rank pairs, of the smallest sum of alpha along a legal path.
 
-    Coordinate shifts map the topology onto itself, so the distances from rank 0 are those
-    from every rank: one Dijkstra from rank 0 suffices.
+    Dimension by dimension from the outermost: a switch hop in dimension d costs alpha_d and
+    sets every coordinate up to d at once (the highest differing coordinate decides the
+    dimension); a ring hop moves one coordinate by one. So the worst pair costs, with M the
+    worst over the dimensions below d, alpha_d * diameter_d + M for a ring, and
+    max(alpha_d, min(2 alpha_d, M)) for a switch: a pair that differs in d pays one hop that
+    also fixes the lower coordinates, one that does not either fixes them below or leaves d
+    and comes back. (tests/test_bounds.py checks this against a shortest-path search.)
     """
-    dist = {0: 0.0}
-    heap = [(0.0, 0)]
-    done: set[int] = set()
-    while heap:
-        d, u = heapq.heappop(heap)
-        if u in done:
-            continue
-        done.add(u)
-        for v, alpha in _neighbours(topology, u):
-            nd = d + alpha
-            if nd < dist.get(v, math.inf):
-                dist[v] = nd
-                heapq.heappush(heap, (nd, v))
-    return max(dist.values())
-
-
-def _neighbours(topology: Topology, u: int):
-    """Every rank one legal message away from u, with that message's alpha."""
-    coords = topology.coords(u)
-    for d, dim in enumerate(topology.dimensions):
+    worst = 0.0
+    for dim in topology.dimensions:
         if dim.kind == "ring":
-            for delta in (1, -1):
-                yield topology.shift(u, d, delta), dim.latency
-            continue
-        # switch: any rank whose highest differing dimension is d
-        lower = [range(topology.dimensions[j].size) for j in range(d)]
-        for c in range(dim.size):
-            if c == coords[d]:
-                continue
-            base = list(coords)
-            base[d] = c
-            for low in _product(lower):
-                base[:d] = low
-                yield topology.rank(base), dim.latency
-
-
-def _product(ranges):
-    if not ranges:
-        yield []
-        return
-    for head in ranges[0]:
-        for rest in _product(ranges[1:]):
-            yield [head, *rest]
+            worst += dim.diameter * dim.latency
+        else:
+            worst = max(dim.latency, min(2 * dim.latency, worst))
+    return worst
 
 
 def lower_bound(topology: Topology, collective: str, nbytes: float) -> Bound | None:

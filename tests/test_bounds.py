@@ -1,5 +1,8 @@
 """The physical limit T_LB (cost-model.md section 4)."""
 
+import heapq
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -43,6 +46,35 @@ def test_latency_bound_follows_the_link_rule():
     assert latency_bound_us(preset("ring-fc-switch-2x8x4")) == pytest.approx(2.0)
     ring8 = Topology((Dimension(8, "ring", 10, 1.5),))
     assert latency_bound_us(ring8) == pytest.approx(6.0)
+
+
+def shortest_path_latency(topology: Topology) -> float:
+    """The same bound by brute force: Dijkstra from rank 0 over every legal message
+    (coordinate shifts map the topology onto itself, so rank 0 stands for every rank)."""
+    dist = {0: 0.0}
+    heap = [(0.0, 0)]
+    done: set[int] = set()
+    while heap:
+        d, u = heapq.heappop(heap)
+        if u in done:
+            continue
+        done.add(u)
+        for v in range(topology.nranks):
+            if v != u and topology.has_link(u, v) and d + topology.link_latency(u, v) < dist.get(v, math.inf):
+                dist[v] = d + topology.link_latency(u, v)
+                heapq.heappush(heap, (dist[v], v))
+    return max(dist.values())
+
+
+@given(topologies(max_ranks=48))
+def test_latency_bound_is_the_longest_shortest_path(topo):
+    assert latency_bound_us(topo) == pytest.approx(shortest_path_latency(topo), abs=1e-9)
+
+
+def test_a_switch_pair_that_agrees_outside_may_leave_and_come_back():
+    # ranks that differ only in the slow inner ring are closer through the outer switch twice
+    topo = Topology((Dimension(8, "ring", 10, 5.0), Dimension(2, "switch", 10, 1.0)))
+    assert latency_bound_us(topo) == pytest.approx(2.0) == pytest.approx(shortest_path_latency(topo))
 
 
 def test_bound_is_the_larger_part():

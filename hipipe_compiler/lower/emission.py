@@ -28,8 +28,6 @@ class _Unit:
     tb: int
     pos: int
     type: str
-    src: tuple[str, int] | None
-    dst: tuple[str, int] | None
     cnt: int
 
 
@@ -67,27 +65,35 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
 
     overflow: dict[tuple[int, int], int] = {}
     layouts: list[Layout] = []
+    scratch: list[int] = []  # per rank: scratch chunks used
+    shared: tuple[Any, Layout] | None = None  # the first rank's schedule and its layout
     for index, rank in enumerate(ranks):
         ops = per_rank_ops[index]
         slot_offset = slot_mapper(plan, rank)[1]
+        # a rank that runs the first rank's schedule (its offsets aside) gets the same layout
+        schedule = schedule_signature(ops, raw[index])
         if index == 0 and first and first[0][0] == cuts:
             layout = first[0][1]
+        elif shared is not None and shared[0] == schedule:
+            layout = shared[1]
         else:
             tb_of_op = [role_tbs[op.role][g] for op, g in zip(ops, per_rank_segs[index])]
             graph = _unit_graph(ops, tb_of_op, raw[index], ntb, chains)
             layout = _layout(graph, _prune(graph, ntb), len(ops))
             if index == 0 and first is not None:
                 first[:] = [(cuts, layout)]
+        if index == 0:
+            shared = (schedule, layout)
         layouts.append(layout)
         for t, length in enumerate(layout.tb_steps):
             if length > limits.max_steps:
                 role = gen.roles[tb_keys[t][0]]
                 key = (role.axis, role.lane)
                 overflow[key] = max(overflow.get(key, 0), length - limits.max_steps)
-        layout.s_used = max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
-                             if loc is not None and loc[0] == "s"), default=0)
-        if layout.s_used > limits.max_offset + 1:
-            raise PlanError(f"the plan needs {layout.s_used} scratch chunks; offsets are stored as int16 by the runtime, "
+        scratch.append(max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
+                            if loc is not None and loc[0] == "s"), default=0))
+        if scratch[-1] > limits.max_offset + 1:
+            raise PlanError(f"the plan needs {scratch[-1]} scratch chunks; offsets are stored as int16 by the runtime, "
                             f"so at most {limits.max_offset + 1}; use fewer or smaller chunks")
     nops_per_op = [layout.nops for layout in layouts]
     if not overflow:
@@ -97,8 +103,8 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
 
     bufs = buffer_chunks(plan.collective, nranks, plan.nchunksperloop)
     gpus: list[Gpu] = []
-    for rank, layout in zip(ranks, layouts):
-        tb_steps = _steps(layout, slot_mapper(plan, rank)[1])
+    for index, (rank, layout) in enumerate(zip(ranks, layouts)):
+        tb_steps = _steps(layout, per_rank_ops[index], slot_mapper(plan, rank)[1])
         tbs = []
         for t, (role_idx, seg) in enumerate(tb_keys):
             role = gen.roles[role_idx]
@@ -106,7 +112,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
             send, recv = role.peers(axis, rank)
             chan = channel_base[(role.axis, role.lane)] + seg if role.axis >= 0 else 0
             tbs.append(Threadblock(t, send, recv, chan, tb_steps[t]))
-        gpus.append(Gpu(rank, bufs["i"], bufs["o"], layout.s_used, tuple(tbs)))
+        gpus.append(Gpu(rank, bufs["i"], bufs["o"], scratch[index], tuple(tbs)))
     program = Program(
         name=plan.name or f"{plan.collective}-{plan.topology.label}", collective=plan.collective,
         protocol=plan.protocol, nchannels=nchannels, nchunksperloop=plan.nchunksperloop, ngpus=nranks,
@@ -122,6 +128,14 @@ def footprint(gen: Generator, ops: list[Op], cuts: dict[tuple[int, int], list[tu
     before the costly passes."""
     ntb = len(threadblock_keys(ops, op_segments(ops, role_cuts(gen, cuts))))
     return ntb, ntb + len(ops) - sum(fusing_sends(ops))
+
+
+def schedule_signature(ops: list[Op], raw: list[list[int]]) -> tuple[Any, ...]:
+    """What decides a rank's steps but their operands: each operation's role, tick, type,
+    count and fusion, and the operations it waits for. Ranks with equal signatures get the
+    same threadblocks, steps and dependencies, their offsets aside."""
+    shape = tuple((op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, f) for op, f in zip(ops, fusing_sends(ops)))
+    return shape, tuple(map(tuple, raw))
 
 
 def fuses(receive: Op, send: Op) -> bool:
@@ -197,12 +211,10 @@ def _unit_graph(ops: list[Op], tb_of_op: list[int], raw: list[list[int]], ntb: i
                 if fuses(pop, op):
                     prev.ops.append(idx)
                     prev.type = {"rrc": "rrs" if pop.dead else "rrcs", "r": "rcs"}[pop.type]
-                    if prev.type == "rrs":
-                        prev.dst = None
                     me = prev.index
         if me < 0:
             me = len(units)
-            u = _Unit(me, [idx], t, len(lst), op.type, op.src, op.dst, op.cnt)
+            u = _Unit(me, [idx], t, len(lst), op.type, op.cnt)
             units.append(u)
             deps.append(set())
             prev_in_tb.append(lst[-1].index if lst else -1)
@@ -235,7 +247,6 @@ class Layout:
     step_of: list[int]  # per unit: its step's position in its threadblock
     nops: list[int]  # per op: the nops before its unit's step (0 for a fused send)
     tb_steps: list[int]  # steps per threadblock
-    s_used: int = 0  # scratch chunks used
 
 
 def _layout(graph: _Graph, pruned: list[list[int]], nops_total: int) -> Layout:
@@ -256,8 +267,9 @@ def _layout(graph: _Graph, pruned: list[list[int]], nops_total: int) -> Layout:
     return Layout(graph, pruned, step_of, nops, tb_steps)
 
 
-def _steps(layout: Layout, slot_offset: Callable[[str, int], int]) -> list[tuple[Step, ...]]:
-    """Every threadblock's steps."""
+def _steps(layout: Layout, ops: list[Op], slot_offset: Callable[[str, int], int]) -> list[tuple[Step, ...]]:
+    """Every threadblock's steps, with the operands of this rank's operations (a layout can
+    serve every rank that runs its schedule)."""
     units, pruned, step_of = layout.graph.units, layout.pruned, layout.step_of
     hasdep: set[int] = set()
     for deps in pruned:
@@ -274,8 +286,10 @@ def _steps(layout: Layout, slot_offset: Callable[[str, int], int]) -> list[tuple
                 for d in targets[:-1]:
                     steps.append(Step(len(steps), "nop", "i", -1, "o", -1, 0, tb_of[d], step_of[d], False))
                 depid, dstep = tb_of[targets[-1]], step_of[targets[-1]]
-            srcbuf, srcoff = ("i", -1) if u.src is None or u.type == "rcs" else (u.src[0], slot_offset(*u.src))
-            dstbuf, dstoff = ("o", -1) if u.dst is None or u.type == "s" else (u.dst[0], slot_offset(*u.dst))
+            op = ops[u.ops[0]]
+            src, dst = op.src, None if u.type in ("s", "rrs") else op.dst
+            srcbuf, srcoff = ("i", -1) if src is None or u.type == "rcs" else (src[0], slot_offset(*src))
+            dstbuf, dstoff = ("o", -1) if dst is None else (dst[0], slot_offset(*dst))
             steps.append(Step(len(steps), u.type, srcbuf, srcoff, dstbuf, dstoff, u.cnt, depid, dstep, u.index in hasdep))
         out.append(tuple(steps))
     return out

@@ -201,7 +201,7 @@ def _random_unit_graph(rng, ntb=4, nunits=24):
     units, tb_units, prev_in_tb = [None] * nunits, [[] for _ in range(ntb)], [-1] * nunits
     for k in order:
         ui, t = number[k], tb_of[k]
-        units[ui] = _Unit(ui, [ui], t, len(tb_units[t]), "s", None, None, 1)
+        units[ui] = _Unit(ui, [ui], t, len(tb_units[t]), "s", 1)
         prev_in_tb[ui] = tb_units[t][-1].index if tb_units[t] else -1
         tb_units[t].append(units[ui])
     deps = [set() for _ in range(nunits)]

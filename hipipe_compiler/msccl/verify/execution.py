@@ -5,6 +5,7 @@ steps and their levels to the symbolic execution and the race check."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 from collections import defaultdict, deque
@@ -112,7 +113,11 @@ class Execution:
         # dependency flags: the iteration and last completed position of each threadblock
         self.done_iteration = [0] * len(self.states)
         self.done_pos = [-1] * len(self.states)
-        self.waiters: dict[int, set[int]] = defaultdict(set)
+        # per threadblock: heap of (iteration, position, waiter) that wait for it to get there
+        self.waiters: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+        # per connection: its receiver waits for a message, its sender for room (woken only then)
+        self.recv_blocked = [False] * len(conns)
+        self.send_blocked = [False] * len(conns)
 
     def step(self, st: _TbState) -> Step:
         return st.tb.steps[st.reals[st.index]]
@@ -128,7 +133,7 @@ class Execution:
             it = done_iteration[t]
             if it < iteration or (it == iteration and done_pos[t] < q):
                 if register:
-                    self.waiters[t].add(st.me)
+                    heapq.heappush(self.waiters[t], (iteration, q, st.me))
                 return False
         return True
 
@@ -153,39 +158,44 @@ class Execution:
 
     def run(self) -> list[tuple[int, int]]:
         """Run to completion or to a stop; return the threadblocks left unfinished."""
-        order = sorted(range(len(self.states)), key=lambda i: (self.states[i].rank, self.states[i].tb.id))
-        queue = deque(order)
-        queued = set(queue)
         states = self.states
+        queue = deque(sorted(range(len(states)), key=lambda i: (states[i].rank, states[i].tb.id)))
+        queued = bytearray(b"\x01") * len(states)
+        woken: list[int] = []
         while queue:
             i = queue.popleft()
-            queued.discard(i)
-            for w in self.advance(states[i]):
-                if w not in queued:
-                    queued.add(w)
+            queued[i] = 0
+            self.advance(states[i], woken)
+            for w in woken:
+                if not queued[w]:
+                    queued[w] = 1
                     queue.append(w)
+            woken.clear()
         return [(st.rank, st.tb.id) for st in states if not st.done]
 
-    def advance(self, st: _TbState) -> set[int]:
-        woken: set[int] = set()
+    def advance(self, st: _TbState, woken: list[int]) -> None:
+        """Move a threadblock as far as it can go now; the threadblocks it unblocks go to `woken`."""
         count, capacity = self.count, self.capacity
+        recv_blocked, send_blocked = self.recv_blocked, self.send_blocked
+        plan, me = st.plan, st.me
         while not st.done:
             if not st.reals:
                 self.finish_iteration(st, woken)
                 continue
-            pos, receives, sends, total, waits = st.plan[st.index]
+            pos, receives, sends, total, waits = plan[st.index]
             if waits and st.unit == 0 and not self.deps_met(st, register=True):
-                return woken
+                return
             k = total - st.unit
             if receives:
                 conn_in = st.conn_in
                 k = min(k, count[conn_in])
                 if k == 0:
+                    recv_blocked[conn_in] = True
                     marker = (st.iteration, st.index, st.unit)
                     if capacity == 0 and st.waiting != marker:
                         st.waiting = marker  # a rendezvous sender may hand over now: let it retry once
-                        woken.add(self.sender[conn_in])
-                    return woken
+                        woken.append(self.sender[conn_in])
+                    return
             if sends:
                 conn_out = st.conn_out
                 room = capacity - count[conn_out]
@@ -193,7 +203,8 @@ class Execution:
                     room = 1
                 k = min(k, room)
                 if k <= 0:
-                    return woken
+                    send_blocked[conn_out] = True
+                    return
             if st.unit == 0 and st.iteration == 0:
                 # both ends of a connection take part in the first iteration only: they stay in step
                 level = st.level
@@ -207,24 +218,28 @@ class Execution:
                         level = max(level, target.levels[target.done_by[q]])
                 st.level = st.levels[st.index] = level + 1
                 if sends:
-                    self.sent[conn_out].append((st.level, st.me, st.index))
+                    self.sent[conn_out].append((st.level, me, st.index))
             if receives:
                 count[conn_in] -= k
-                woken.add(self.sender[conn_in])
+                if send_blocked[conn_in]:
+                    send_blocked[conn_in] = False
+                    woken.append(self.sender[conn_in])
             if sends:
                 count[conn_out] += k
-                woken.add(self.receiver[conn_out])
+                if recv_blocked[conn_out]:
+                    recv_blocked[conn_out] = False
+                    woken.append(self.receiver[conn_out])
             st.unit += k
             if st.unit >= total:
                 st.unit = 0
-                self.done_iteration[st.me], self.done_pos[st.me] = st.iteration, pos
-                woken.update(self.waiters.pop(st.me, ()))
+                self.done_iteration[me], self.done_pos[me] = st.iteration, pos
+                if self.waiters.get(me):
+                    self.release(me, woken)
                 st.index += 1
                 if st.index >= len(st.reals):
                     self.finish_iteration(st, woken)
-        return woken
 
-    def finish_iteration(self, st: _TbState, woken: set) -> None:
+    def finish_iteration(self, st: _TbState, woken: list[int]) -> None:
         st.iteration += 1
         st.index = 0
         if st.reals:
@@ -232,7 +247,16 @@ class Execution:
         if st.iteration >= self.iterations:
             st.done = True
             self.done_iteration[st.me], self.done_pos[st.me] = self.iterations, -1
-        woken.update(self.waiters.pop(st.me, ()))
+        self.release(st.me, woken)
+
+    def release(self, t: int, woken: list[int]) -> None:
+        """Wake the threadblocks whose wait for threadblock t is now over."""
+        heap = self.waiters.get(t)
+        if not heap:
+            return
+        it, pos = self.done_iteration[t], self.done_pos[t]
+        while heap and (heap[0][0] < it or (heap[0][0] == it and heap[0][1] <= pos)):
+            woken.append(heapq.heappop(heap)[2])
 
     # -- deadlock report
     def waiting_for(self, key: tuple[int, int]) -> tuple[str, list[tuple[int, int]]]:

@@ -16,15 +16,15 @@ from tabulate import tabulate
 
 from . import __version__
 from .compiler import (
-    ALGORITHMS, DTYPES, CompileOptions, VerificationFailed, check_divisible, compile_range, window_summary,
-    write_directory, write_file,
+    ALGORITHMS, DTYPES, CompileOptions, VerificationFailed, check_divisible, check_fits_one_file, compile_range,
+    window_summary, write_directory, write_file,
 )
 from .errors import InputError, PlanError
 from .files import check_output_path, write_atomic
 from .msccl.lexical import lexical_issues
 from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from .msccl.reader import read_program
-from .msccl.runtime import Limits
+from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, RUNTIMES, Limits
 from .msccl.verify import Report, VerifyOptions, Violation, verify
 from .msccl.writer import DIALECTS
 from .sim import SimulationError, simulate
@@ -33,6 +33,11 @@ from .training.planner import POLICIES
 from .training.profiles import A100_AMP
 from .units import format_size, parse_size, parse_size_range
 from .windows import window_label
+
+
+RUNTIME_HELP = ("the runtime that will load the files, whose limits they must respect: "
+                + "; ".join(f"{r.name} ({r.what}: at most {r.max_threadblocks} threadblocks, {r.max_channels} channels)"
+                            for r in RUNTIMES.values()) + "; default executor")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proto", choices=PROTOCOLS, help="baselines: MSCCL protocol (default Simple)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type of the calls (default float32)")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help="XML dialect: executor (msccl-executor-nccl, RCCL) or legacy (microsoft/msccl)")
-    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=108, help="threadblock budget per rank (default 108, the A100's SM count)")
+    p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
+    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
+                   help=f"threadblock budget per rank (default {DEFAULT_THREADBLOCK_BUDGET}, the A100's SM count; "
+                   "never more than the runtime accepts)")
     p.add_argument("-o", "--output", required=True, help="output file (--size) or directory (--sizes)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--json", action="store_true", help="print the per-window summary as JSON")
@@ -146,13 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=_int("--batch-size", 1), help=f"per-GPU batch for times derived from MACs (default {A100_AMP.batch_size})")
     p.add_argument("--tflops", type=_positive("--tflops"), help=f"effective device TFLOP/s for derived times (default {A100_AMP.tflops:g}, an A100 with AMP)")
     p.add_argument("--derive-all", action="store_true", help="derive every time from MACs, also the measured ones")
+    p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("-o", "--output", help="write DIR/plan.json and DIR/msccl-algorithms/ (for MSCCL_ALGO_DIR)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
     p.add_argument("file", help="an MSCCL XML algorithm file")
     p.add_argument("--max-steps", type=_int("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
-    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=1024, help="threadblocks allowed per rank (default 1024)")
+    p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
+    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), help="threadblocks allowed per rank (default: what the runtime accepts)")
     p.add_argument("--size", type=_size("--size"), help="call size for the FIFO model (default: the file's maxBytes)")
     p.add_argument("--rendezvous", action="store_true", help="conservative mode: every send waits for its receive")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -219,9 +229,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     directory = args.sizes is not None
     out = check_output_path(args.output, directory)
     topo = load_topology(args.topology)
+    check_fits_one_file(topo, args.topology)
     options = CompileOptions(
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
-        dtype_bytes=DTYPES[args.dtype], limits=Limits(max_threadblocks=args.max_tbs),
+        dtype_bytes=DTYPES[args.dtype], limits=Limits.for_runtime(args.runtime, args.max_tbs),
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
     planner = None
@@ -247,7 +258,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         manifest = {
             "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
-            "algorithm": args.algo, "dialect": args.dialect, "dtype_bytes": options.dtype_bytes,
+            "algorithm": args.algo, "dialect": args.dialect, "runtime": args.runtime, "dtype_bytes": options.dtype_bytes,
             "windows": [window_summary(w) for w in windows],
         }
         write_directory(windows, out, manifest, args.dialect)
@@ -298,11 +309,17 @@ def _units_text(units: list[int]) -> str:
 
 
 def _report_violations(label: str, report: Report, limit: int = 50) -> None:
+    """The verdict, then each broken rule; one that every rank breaks alike is shown once."""
     print(f"{label}: {report.summary()}")
-    for v in report.violations[:limit]:
-        print(f"  {v}")
-    if len(report.violations) > limit:
-        print(f"  ... and {len(report.violations) - limit} more")
+    alike: dict[tuple, list[Violation]] = {}
+    for v in report.violations:
+        alike.setdefault((v.rule, v.tb, v.step, v.message), []).append(v)
+    groups = list(alike.values())
+    for group in groups[:limit]:
+        others = len(group) - 1
+        print(f"  {group[0]}" + (f" (and on {others} other rank{'s' if others > 1 else ''})" if others else ""))
+    if len(groups) > limit:
+        print(f"  ... and {len(groups) - limit} more")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -313,7 +330,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise InputError(str(path), None, f"cannot read file: {exc.strerror}") from None
     lexical = [Violation(i.rule, f"line {i.line}: {i.message}") for i in lexical_issues(data)]
-    report = verify(program, VerifyOptions(max_steps=args.max_steps, max_threadblocks=args.max_tbs,
+    report = verify(program, VerifyOptions(max_steps=args.max_steps, max_threadblocks=args.max_tbs, runtime=args.runtime,
                                            nbytes=args.size, rendezvous=args.rendezvous))
     if lexical:
         report = Report(tuple(lexical) + report.violations, ("lexical",) + report.checked, report.skipped, report.stats)
@@ -424,6 +441,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .training.profiles import load_profile
     out = check_output_path(args.output, directory=True) if args.output is not None else None
     topo = load_topology(args.topo)
+    check_fits_one_file(topo, args.topo)
     device = replace(A100_AMP, batch_size=args.batch_size or A100_AMP.batch_size, tflops=args.tflops or A100_AMP.tflops)
     profile = load_profile(args.profile, device, keep_measured=not args.derive_all)
     if (args.batch_size or args.tflops) and not args.derive_all and not args.json:
@@ -433,7 +451,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not args.json and sys.stderr.isatty():
         from tqdm import tqdm
         bar = tqdm(desc="compiling programs", unit="window", leave=False)
-    cost = SimulatedCost(topo, args.algo, profile.dtype_bytes,
+    cost = SimulatedCost(topo, args.algo, profile.dtype_bytes, Limits.for_runtime(args.runtime),
                          progress=None if bar is None else lambda coll, w: (bar.set_postfix_str(f"{coll} {w.label}"), bar.update()))
     def work() -> tuple[Any, Any]:
         report = plan_training(profile, cost, topo.nranks)

@@ -18,7 +18,7 @@ from .errors import InputError, PlanError
 from .files import write_atomic, writing
 from .lower import lower, lowering_key
 from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS, Program
-from .msccl.runtime import Limits
+from .msccl.runtime import MAX_CHILDREN, Limits
 from .msccl.verify import Report, VerifyOptions, verify
 from .msccl.writer import Dialect, write_program
 from .optimizer import optimize
@@ -80,6 +80,21 @@ def check_options(topology: Topology, options: CompileOptions) -> None:
         raise InputError(None, "--proto", f"expected one of {', '.join(PROTOCOLS)}, got {options.protocol!r}")
     if options.chunks is not None and not 1 <= options.chunks <= 4096:
         raise InputError(None, "--chunks", f"expected an integer from 1 to 4096, got {options.chunks}")
+    check_fits_one_file(topology)
+
+
+def check_fits_one_file(topology: Topology, source: str | None = None) -> None:
+    """InputError unless one MSCCL file can hold a program for every rank of the topology."""
+    if topology.nranks > MAX_CHILDREN:
+        raise InputError(source or topology.label, "dimensions", f"{topology.nranks} ranks; one MSCCL file holds at most "
+                         f"{MAX_CHILDREN}: the runtime's reader keeps {MAX_CHILDREN} <gpu> elements per file in a fixed "
+                         "array it does not bound-check, so a larger file corrupts memory on every rank")
+
+
+def verify_options(limits: Limits) -> VerifyOptions:
+    """What the compiler proves its programs against: the runtime they are for, the step
+    limit and threadblock budget they were lowered within."""
+    return VerifyOptions(max_steps=limits.max_steps, max_threadblocks=limits.max_threadblocks, runtime=limits.runtime)
 
 
 #: Plans every window of a range at once (so a window can start from its neighbours' choice),
@@ -167,7 +182,7 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
         report = None
         if options.check:
             # the FIFO model depends on the window's largest size, so each final window is proven
-            report = verify(cw.program, VerifyOptions(max_steps=options.limits.max_steps))
+            report = verify(cw.program, verify_options(options.limits))
             if not report.ok:
                 raise VerificationFailed(cw.window, report)
         out[i] = replace(cw, report=report, details={**cw.details, **predict(cw, topology)})

@@ -59,6 +59,9 @@ BAD_TOPOLOGIES = {
     "missing-field.yaml": "dimensions:\n  - {size: 8, kind: switch, latency: 1}\n",
     "malformed.yaml": "dimensions: [ {size: 8, kind: switch\n",
     "malformed.json": '{"dimensions": [',
+    # 2048 ranks: the runtime's reader would write past its 1024-entry array of <gpu> elements
+    "2048-ranks.yaml": "dimensions:\n  - {size: 8, kind: switch, bandwidth: 300, latency: 1}\n"
+                       "  - {size: 256, kind: switch, bandwidth: 50, latency: 5}\n",
 }
 
 
@@ -89,6 +92,24 @@ def test_bad_arguments_exit_2(tmp_path, args, needle):
     assert done.returncode == 2, done.stdout
     assert needle in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not out.exists()
+
+
+def test_rccl_directories_fit_its_threadblock_limit(tmp_path):
+    """RCCL parses every file of the world size at init and refuses more than 64 threadblocks:
+    the windows that take 72 on the executor get plans that fit."""
+    done = run_hipipe("compile", "torus-4x4", "--sizes", "16MiB:64MiB", "--runtime", "rccl", "-o", tmp_path / "rccl", "--json")
+    assert done.returncode == 0, done.stderr
+    windows = json.loads(done.stdout)["windows"]
+    assert windows and all(w["threadblocks"] <= 64 for w in windows)
+    manifest = json.loads((tmp_path / "rccl" / ".hipipe" / "manifest.json").read_text())
+    assert manifest["runtime"] == "rccl"
+    for xml in sorted((tmp_path / "rccl").glob("*.xml")):
+        assert run_hipipe("verify", xml, "--runtime", "rccl").returncode == 0
+    executor = run_hipipe("compile", "torus-4x4", "--sizes", "16MiB:64MiB", "-o", tmp_path / "exec", "--json")
+    widest = max(json.loads(executor.stdout)["windows"], key=lambda w: w["threadblocks"])
+    assert widest["threadblocks"] > 64  # what the issue found: fine on the executor, refused by RCCL
+    refused = [run_hipipe("verify", x, "--runtime", "rccl") for x in sorted((tmp_path / "exec").glob("*.xml"))]
+    assert any(r.returncode == 1 and "tb.count" in r.stdout for r in refused)
 
 
 def test_unwritable_output_exits_2(tmp_path):

@@ -30,7 +30,7 @@ from ..msccl.runtime import Limits, piece_count
 from ..schedule.estimate import events
 from ..schedule.plan import Plan, check_plan, largest_blocks
 from .dependencies import raw_dependencies
-from .emission import Layout, check_nodes, check_threadblocks, emit, footprint, fusing_sends
+from .emission import Layout, check_nodes, check_threadblocks, emit, footprint, schedule_signature
 from .generate import Generator
 from .segments import segment_cuts
 
@@ -72,8 +72,7 @@ def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -
         first = None
         for rank in (0, *ranks):
             ops = gen.generate(rank)
-            shape = [(op.role, op.tick, op.type, op.cnt, op.fuse, op.dead, f) for op, f in zip(ops, fusing_sends(ops))]
-            signature = (shape, raw_dependencies(plan, ops))
+            signature = schedule_signature(ops, raw_dependencies(plan, ops))
             if first is None:
                 first = signature
             elif signature != first:
@@ -84,6 +83,9 @@ def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -
 def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
     """lower() with the collector paused."""
     check_plan(plan)
+    if plan.topology.nranks > limits.max_children:
+        raise PlanError(f"{plan.topology.nranks} ranks; the runtime's XML reader holds at most {limits.max_children} "
+                        "<gpu> elements per file (more corrupt its memory)")
     if plan.nchunksperloop > limits.max_offset + 1:
         raise PlanError(
             f"the plan needs {plan.nchunksperloop} chunks per loop ({plan.units} per rank x {plan.topology.nranks} ranks); "

@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..compiler import CompiledWindow, VerificationFailed, write_directory
+from ..compiler import CompiledWindow, VerificationFailed, verify_options, write_directory
 from ..documents import validate_document
 from ..errors import InputError
 from ..files import check_output_path, write_atomic, writing
-from ..msccl.verify import VerifyOptions, verify
+from ..msccl.verify import verify
 from ..units import format_size
 from ..windows import window_of
 from .buckets import TrainingPlan, build_plan
@@ -237,7 +237,7 @@ def plan_programs(result: PolicyResult, cost: SimulatedCost) -> list[tuple[Progr
     out = []
     for need in result.programs:
         cw = cost.compiled(need.collective, need.max_bytes)
-        report = verify(cw.program, VerifyOptions(max_steps=cost.options.limits.max_steps))
+        report = verify(cw.program, verify_options(cost.options.limits))
         if not report.ok:
             raise VerificationFailed(cw.window, report)
         out.append((need, cw))
@@ -255,7 +255,8 @@ def write_plan(report: TrainingReport, policy: str, cost: SimulatedCost, path: s
     doc = plan_document(report, policy, topology)
     programs = plan_programs(report[policy], cost)
     text = json.dumps(doc, indent=2) + "\n"
-    manifest = {"plan": "../../plan.json", "policy": policy, "profile": report.profile.name}
+    manifest = {"plan": "../../plan.json", "policy": policy, "profile": report.profile.name,
+                "runtime": cost.options.limits.runtime}
     with writing(path):
         path.mkdir(exist_ok=True)
     # the directory holds this plan's programs only: older ones would compete for selection

@@ -27,11 +27,8 @@ def test_real_files_read_and_write_back_with_the_same_semantics(path):
 
 
 def test_real_files_are_present_or_skipped():
-    assert real_xml_files(), "expected the shared MSCCL files"
-    shared_path("msccl-algorithms", "ndv4", "r48ll.xml")
-
-
-# -- the runtime reader's lexical rules ------------------------------------------------------
+    shared_path("msccl-algorithms", "ndv4", "r48ll.xml")  # skips, saying why, in a clone without ../shared
+    assert len(real_xml_files()) >= 20, "../shared is here, so its MSCCL files should be found"
 
 
 # -- hostile and broken input ----------------------------------------------------------------

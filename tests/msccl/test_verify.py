@@ -253,3 +253,59 @@ def test_semantics_checks_every_enabled_aliasing_mode():
     rules = verify(out_of_place).rules()
     assert "semantics.result" in rules or "semantics.uninitialized-read" in rules
     assert verify(replace(P, inplace=True, outofplace=False)).ok
+
+
+# -- what the runtimes' loaders accept silently, pinned to what it would do -----------------
+
+
+def _chan32() -> Program:
+    wide = replace(P, nchannels=32)
+    return with_tb(with_tb(wide, 0, 0, chan=32), 1, 0, chan=32)
+
+
+SILENT = {
+    # (program, rule, words of the message that name the runtime's behaviour)
+    "a channel equal to the runtime's channel count": (_chan32(), "tb.channel", "writes past its channel array"),
+    "a repeated s value": (with_step(P, 0, 0, 2, s=1), "step.index", "overrun its 64-entry step array"),
+    "a depid naming no threadblock": (with_step(P, 0, 0, 1, depid=3, deps=0), "dep.target", "no threadblock raises"),
+    "a peer >= ngpus": (with_tb(P, 0, 0, send=2), "tb.peer", "skips a peer >= ngpus silently"),
+    "a rank with no <gpu>": (replace(P, gpus=P.gpus[1:]), "gpu.missing", "launch no threadblocks and hang"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SILENT))
+def test_what_the_loaders_accept_silently_stays_flagged(case):
+    program, rule, words = SILENT[case]
+    report = verify(program)
+    assert not report.ok
+    assert any(v.rule == rule and words in v.message for v in report.violations), report.violations[:4]
+
+
+def _ranks(n: int) -> Program:
+    """n ranks, each copying its input to its output: structurally fine but for the rank count."""
+    gpus = tuple(Gpu(r, 1, 1, 0, (Threadblock(0, -1, -1, 0, (Step(0, "cpy", "i", 0, "o", 0, 1),)),)) for r in range(n))
+    return Program("wide", "allgather", "Simple", 1, n, n, False, True, 0, 1 << 20, gpus)
+
+
+def test_more_than_1024_ranks_overflow_the_readers_children():
+    assert "limits.children" not in verify(_ranks(1024)).rules()
+    report = verify(_ranks(1025))
+    assert "limits.children" in report.rules()
+    assert "1025 <gpu> elements" in str(next(v for v in report.violations if v.rule == "limits.children"))
+
+
+def test_a_threadblock_of_more_than_1024_steps_overflows_the_readers_children():
+    steps = tuple(Step(i, "nop", "i", -1, "o", -1, 0, 0, 3) for i in range(1025))
+    report = verify(_add_tb(P, 0, Threadblock(1, -1, -1, 0, steps)), VerifyOptions(max_steps=2048))
+    assert "limits.children" in report.rules()
+
+
+def test_rccl_accepts_64_threadblocks_and_no_more():
+    def with_tbs(n: int) -> Program:
+        extra = tuple(Threadblock(t, -1, -1, 0, (Step(0, "nop", "i", -1, "o", -1, 0, 0, 3),)) for t in range(1, n))
+        return replace(P, gpus=(replace(P.gpus[0], threadblocks=P.gpus[0].threadblocks + extra), P.gpus[1]))
+    rules = {n: (verify(with_tbs(n), VerifyOptions(runtime="rccl")).rules(), verify(with_tbs(n)).rules()) for n in (64, 65)}
+    assert "tb.count" not in rules[64][0] and "tb.count" in rules[65][0]
+    assert "tb.count" not in rules[65][1]  # the executor takes up to 1024
+    message = next(v.message for v in verify(with_tbs(65), VerifyOptions(runtime="rccl")).violations if v.rule == "tb.count")
+    assert "init fail" in message

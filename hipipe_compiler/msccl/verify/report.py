@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..runtime import MAX_CHANNELS
+from ..runtime import MAX_STEPS, Runtime, runtime
 
 #: A step of a program: (rank, threadblock id, step position).
 StepRef = tuple[int, int, int]
@@ -31,14 +31,35 @@ class Violation:
 
 @dataclass(frozen=True)
 class VerifyOptions:
-    """What to check against. `nbytes` is the call size for the FIFO model (default: maxBytes)."""
+    """What to check against: the runtime that will load the file (its threadblock and channel
+    limits, unless given tighter), and `nbytes`, the call size for the FIFO model (default:
+    maxBytes).
 
-    max_steps: int = 64
-    max_threadblocks: int = 1024
-    max_channels: int = MAX_CHANNELS
+    >>> VerifyOptions(runtime="rccl").threadblock_limit, VerifyOptions(max_threadblocks=108).threadblock_limit
+    (64, 108)
+    """
+
+    max_steps: int = MAX_STEPS
+    max_threadblocks: int | None = None
+    max_channels: int | None = None
     rendezvous: bool = False
     nbytes: int | None = None
     max_violations: int = 200
+    runtime: str = "executor"
+
+    @property
+    def target(self) -> Runtime:
+        return runtime(self.runtime)
+
+    @property
+    def threadblock_limit(self) -> int:
+        limit = self.target.max_threadblocks
+        return limit if self.max_threadblocks is None else min(limit, self.max_threadblocks)
+
+    @property
+    def channel_limit(self) -> int:
+        limit = self.target.max_channels
+        return limit if self.max_channels is None else min(limit, self.max_channels)
 
 
 @dataclass(frozen=True)

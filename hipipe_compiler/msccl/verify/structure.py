@@ -10,15 +10,20 @@ from collections import defaultdict
 from ..program import (
     READING_TYPES, RECEIVING_TYPES, SENDING_TYPES, WRITING_TYPES, Gpu, Program, Threadblock, buffer_chunks,
 )
-from ..runtime import MAX_COUNT, MAX_DEPID, MAX_NODES, MAX_OFFSET, PER_CHANNEL_TBS
+from ..runtime import MAX_CHILDREN, MAX_COUNT, MAX_DEPID, MAX_NODES, MAX_OFFSET, MAX_STEPS, PER_CHANNEL_TBS
 from .report import Collector, StepRef, VerifyOptions
 
 
 def check_structure(p: Program, opts: VerifyOptions, out: Collector) -> bool:
     """Parser rules and the rules it does not check. Returns whether execution can be modelled."""
     runnable = True
-    if not 1 <= p.nchannels <= opts.max_channels:
-        out.add("algo.channels", f"nchannels is {p.nchannels}; expected 1..{opts.max_channels}")
+    target = opts.target
+    if not 1 <= p.nchannels <= opts.channel_limit:
+        out.add("algo.channels", f"nchannels is {p.nchannels}; expected 1..{opts.channel_limit} ({target.name})")
+    if len(p.gpus) > MAX_CHILDREN:
+        out.add("limits.children", f"{len(p.gpus)} <gpu> elements: the runtime's reader keeps at most {MAX_CHILDREN} "
+                "children per XML node in a fixed array it does not bound-check, so every rank's load writes past it "
+                f"(memory corruption); at most {MAX_CHILDREN} ranks per file")
     if p.max_bytes and p.min_bytes > p.max_bytes:
         out.add("algo.window", f"minBytes {p.min_bytes} > maxBytes {p.max_bytes}: the program is never selected")
     if not p.inplace and not p.outofplace:
@@ -48,9 +53,16 @@ def check_structure(p: Program, opts: VerifyOptions, out: Collector) -> bool:
         if min(g.i_chunks, g.o_chunks, g.s_chunks) < 0:
             out.add("gpu.buffers", "buffer chunk counts must be >= 0", rank=g.id)
             runnable = False
-        if len(g.threadblocks) > opts.max_threadblocks:
-            out.add("tb.count", f"{len(g.threadblocks)} threadblocks; the limit is {opts.max_threadblocks} "
-                    "(all threadblocks must be resident at once)", rank=g.id)
+        if len(g.threadblocks) > opts.threadblock_limit:
+            why = ("all threadblocks must be resident at once" if opts.threadblock_limit < target.max_threadblocks
+                   else f"{target.name} refuses more, and it parses every file of the world size when a "
+                   "communicator starts: one such file makes init fail")
+            out.add("tb.count", f"{len(g.threadblocks)} threadblocks; the limit is {opts.threadblock_limit} ({why})",
+                    rank=g.id)
+        for tb in g.threadblocks:
+            if len(tb.steps) > MAX_CHILDREN:
+                out.add("limits.children", f"{len(tb.steps)} <step> elements in one <tb>: the runtime's reader keeps at most "
+                        f"{MAX_CHILDREN} children per XML node and writes past its array beyond", g.id, tb.id)
         tb_ids = sorted(tb.id for tb in g.threadblocks)
         if tb_ids != list(range(len(tb_ids))):
             out.add("tb.ids", f"threadblock ids must be exactly 0..{len(tb_ids) - 1}; got {_short(tb_ids)}", rank=g.id)
@@ -63,10 +75,19 @@ def check_structure(p: Program, opts: VerifyOptions, out: Collector) -> bool:
         for tb in g.threadblocks:
             for peer, kind in ((tb.send, "send"), (tb.recv, "recv")):
                 if peer != -1 and not (0 <= peer < p.ngpus and peer != g.id):
-                    out.add("tb.peer", f"{kind} peer {peer} must be another rank 0..{p.ngpus - 1} or -1", g.id, tb.id)
+                    consequence = (": the executor's loader skips a peer >= ngpus silently when it connects, so this "
+                                   "threadblock's messages never arrive (a hang)" if peer >= p.ngpus else "")
+                    out.add("tb.peer", f"{kind} peer {peer} must be another rank 0..{p.ngpus - 1} or -1{consequence}",
+                            g.id, tb.id)
                     runnable = False
-            if not 0 <= tb.chan < p.nchannels:
-                out.add("tb.channel", f"chan {tb.chan} is outside 0..{p.nchannels - 1} (nchannels)", g.id, tb.id)
+            if tb.chan >= target.max_channels:
+                out.add("tb.channel", f"chan {tb.chan} is not below {target.name}'s channel count {target.max_channels}: its "
+                        f"loader checks chan > {target.max_channels} where it needs >=, so chan {target.max_channels} "
+                        "writes past its channel array", g.id, tb.id)
+                runnable = False
+            elif not 0 <= tb.chan < p.nchannels:
+                out.add("tb.channel", f"chan {tb.chan} is outside 0..{p.nchannels - 1} (nchannels): the runtime sets up "
+                        "no connection for it", g.id, tb.id)
                 runnable = False
             if tb.send >= 0:
                 per_chan_send[tb.chan] += 1
@@ -118,9 +139,15 @@ def _steps(p: Program, g: Gpu, tb: Threadblock, tb_by_id: dict[int, Threadblock]
         out.add("tb.steps", f"{len(tb.steps)} steps; the runtime allows {opts.max_steps} per threadblock", g.id, tb.id)
     ndeps = 0
     pending_nop = False
+    seen_s: set[int] = set()
     for pos, st in enumerate(tb.steps):
-        if st.s != pos:
+        if st.s in seen_s:
+            out.add("step.index", f"s={st.s} repeats an earlier step's: the parser bounds s < {MAX_STEPS} but not the "
+                    f"number of steps, which it stores at index s, so repeated values overrun its {MAX_STEPS}-entry step "
+                    "array", g.id, tb.id, pos)
+        elif st.s != pos:
             out.add("step.index", f"s={st.s} but the step is at position {pos}; the kernel numbers steps by position", g.id, tb.id, pos)
+        seen_s.add(st.s)
         if st.depid >= 0:
             ndeps += 1
             target = tb_by_id.get(st.depid)
@@ -131,7 +158,8 @@ def _steps(p: Program, g: Gpu, tb: Threadblock, tb_by_id: dict[int, Threadblock]
             elif st.depid == tb.id:
                 out.add("dep.self", f"depends on its own threadblock {tb.id}; in-order execution already covers it", g.id, tb.id, pos)
             elif target is None:
-                out.add("dep.target", f"depid {st.depid} names no threadblock of this rank", g.id, tb.id, pos)
+                out.add("dep.target", f"depid {st.depid} names no threadblock of this rank; the parser does not check it, "
+                        "so the step would wait on a flag that no threadblock raises", g.id, tb.id, pos)
             elif st.deps >= len(target.steps):
                 out.add("dep.target", f"deps {st.deps} is past the end of threadblock {st.depid} ({len(target.steps)} steps)", g.id, tb.id, pos)
             else:

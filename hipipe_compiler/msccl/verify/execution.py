@@ -159,17 +159,18 @@ class Execution:
     def run(self) -> list[tuple[int, int]]:
         """Run to completion or to a stop; return the threadblocks left unfinished."""
         states = self.states
-        queue = deque(sorted(range(len(states)), key=lambda i: (states[i].rank, states[i].tb.id)))
+        # a stack: a threadblock just woken runs next, while what it waits for is fresh in memory
+        stack = sorted(range(len(states)), key=lambda i: (states[i].rank, states[i].tb.id), reverse=True)
         queued = bytearray(b"\x01") * len(states)
         woken: list[int] = []
-        while queue:
-            i = queue.popleft()
+        while stack:
+            i = stack.pop()
             queued[i] = 0
             self.advance(states[i], woken)
             for w in woken:
                 if not queued[w]:
                     queued[w] = 1
-                    queue.append(w)
+                    stack.append(w)
             woken.clear()
         return [(st.rank, st.tb.id) for st in states if not st.done]
 
@@ -191,8 +192,7 @@ class Execution:
                 k = min(k, count[conn_in])
                 if k == 0:
                     recv_blocked[conn_in] = True
-                    marker = (st.iteration, st.index, st.unit)
-                    if capacity == 0 and st.waiting != marker:
+                    if capacity == 0 and st.waiting != (marker := (st.iteration, st.index, st.unit)):
                         st.waiting = marker  # a rendezvous sender may hand over now: let it retry once
                         woken.append(self.sender[conn_in])
                     return

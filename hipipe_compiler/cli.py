@@ -16,8 +16,8 @@ from tabulate import tabulate
 
 from . import __version__
 from .compiler import (
-    ALGORITHMS, DTYPES, CompileOptions, VerificationFailed, check_divisible, check_fits_one_file, compile_range,
-    window_summary, write_directory, write_file,
+    ALGORITHMS, DTYPES, CompileOptions, Stopwatch, VerificationFailed, check_divisible, check_fits_one_file,
+    compile_range, window_summary, write_directory, write_file,
 )
 from .errors import InputError, PlanError
 from .files import check_output_path, write_atomic
@@ -249,22 +249,25 @@ def cmd_compile(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(done - bar.n)
         planner = partial(hipipe_planner, progress=progress)
-    windows, failed = _verified(topo, bar, lambda: compile_range(topo, options, lo, hi, planner))
+    watch = Stopwatch()
+    windows, failed = _verified(topo, bar, lambda: compile_range(topo, options, lo, hi, planner, stopwatch=watch))
     if failed:
         return failed
     if not directory:
         check_divisible(windows[0].program, args.size, options.dtype_bytes)
-        write_file(windows[0], out, args.dialect)
+        with watch.phase("write"):
+            write_file(windows[0], out, args.dialect)
     else:
         manifest = {
             "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
             "algorithm": args.algo, "dialect": args.dialect, "runtime": args.runtime, "dtype_bytes": options.dtype_bytes,
             "windows": [window_summary(w) for w in windows],
         }
-        write_directory(windows, out, manifest, args.dialect)
+        with watch.phase("write"):
+            write_directory(windows, out, manifest, args.dialect)
     summaries = [window_summary(w) for w in windows]
     if args.json:
-        _print_json({"output": str(out), "windows": summaries})
+        _print_json({"output": str(out), "windows": summaries, "seconds": watch.seconds})
     elif not args.quiet:
         where = f"{out}/ ({len(windows)} file(s); MSCCL_ALGO_DIR={out})" if directory else str(out)
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")

@@ -10,9 +10,11 @@ Program per size window out, ready to be written as MSCCL XML.
 from __future__ import annotations
 
 import json
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from .errors import InputError, PlanError
 from .files import write_atomic, writing
@@ -133,13 +135,38 @@ def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequenc
             for c in choices]
 
 
+class Stopwatch:
+    """Seconds a command spends in each of its phases, summed over the phase's visits.
+
+    >>> watch = Stopwatch()
+    >>> with watch.phase("lower"):
+    ...     pass
+    >>> list(watch.seconds)
+    ['lower']
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
 def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
-                  planner: Planner | None = None, merge: bool = True) -> list[CompiledWindow]:
+                  planner: Planner | None = None, merge: bool = True,
+                  stopwatch: Stopwatch | None = None) -> list[CompiledWindow]:
     """Compile every size window of [min, max]; adjacent windows with the same program merge.
 
     Every final program is proven by the verifier at its own window's largest size, and
-    timed by the simulator at the window's largest size for the summary.
+    timed by the simulator at the window's largest size for the summary. `stopwatch` (if
+    given) gets the seconds spent planning, lowering, verifying and predicting.
     """
+    watch = stopwatch or Stopwatch()
     check_options(topology, options)
     if planner is None:
         planner = hipipe_planner if options.algorithm == "hipipe" else baseline_planner
@@ -151,7 +178,8 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
         key = lowering_key(plan)
         if key not in cache:
             try:
-                cache[key] = lower(plan, options.limits).with_window(0, 0)
+                with watch.phase("lower"):
+                    cache[key] = lower(plan, options.limits).with_window(0, 0)
             except PlanError as exc:
                 cache[key] = exc
         result = cache[key]
@@ -159,7 +187,9 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
             raise result
         return result
 
-    for w, (plan, details) in zip(windows, planner(topology, options, windows)):
+    with watch.phase("plan"):
+        plans = planner(topology, options, windows)
+    for w, (plan, details) in zip(windows, plans):
         candidates = [plan, *details.pop("alternatives", ())]
         for index, candidate in enumerate(candidates):
             # the planner judged rank 0; a candidate that does not fit every rank gives way
@@ -182,10 +212,12 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
         report = None
         if options.check:
             # the FIFO model depends on the window's largest size, so each final window is proven
-            report = verify(cw.program, verify_options(options.limits))
+            with watch.phase("verify"):
+                report = verify(cw.program, verify_options(options.limits))
             if not report.ok:
                 raise VerificationFailed(cw.window, report)
-        out[i] = replace(cw, report=report, details={**cw.details, **predict(cw, topology)})
+        with watch.phase("predict"):
+            out[i] = replace(cw, report=report, details={**cw.details, **predict(cw, topology)})
     return out
 
 

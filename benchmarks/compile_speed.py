@@ -1,32 +1,36 @@
-"""Compile time and XML size of a hierarchical all-reduce at 1 GiB.
+"""`hipipe compile` of a hierarchical all-reduce for one 1 GiB call, end to end as a user runs
+it (interpreter start, imports, planning, lowering, the verification gate, the prediction
+and writing the XML), with its phases broken out from the command's `--json`.
 
-Target: the 1024-rank compile under 10 s on one core (issue: the compiler end to end).
-Run: python benchmarks/compile_speed.py
+Target: the 1024-rank pod under 10 s on one core.
+Run: python benchmarks/compile_speed.py [--save]   (--save writes samples/results/compile-speed.json)
 """
 
-from harness import CASES, measure, print_table
+import json
+import sys
+import tempfile
+from pathlib import Path
 
-CODE = """
-from hipipe_compiler.topology import preset
-from hipipe_compiler.schedule import hierarchical_plan
-from hipipe_compiler.lower import lower
-from hipipe_compiler.msccl import write_program
-topo = preset({preset!r})
-start = time.perf_counter()
-program = lower(hierarchical_plan(topo, "allreduce", 1, max_bytes=1 << 30))
-text = write_program(program)
-seconds = time.perf_counter() - start
-result = {{"seconds": seconds, "xml_mib": len(text) / 2**20, "threadblocks": program.max_threadblocks,
-          "longest": program.max_steps, "channels": program.nchannels}}
-"""
+from harness import CASES, hipipe, print_table, run_command, save, target
 
-rows = []
-for label, name in CASES.items():
-    r = measure(CODE.format(preset=name))
-    if "error" in r:
-        rows.append((label, "error", r["error"], "", "", ""))
-        continue
-    rows.append((label, f"{r['seconds']:.2f}", f"{r['xml_mib']:.1f}", str(r["threadblocks"]), str(r["longest"]),
-                 f"{r['peak_mib']:.0f}"))
-print("hierarchical all-reduce, 1 GiB window: lower + write XML")
-print_table(rows, ("topology", "compile s", "XML MiB", "threadblocks", "longest tb", "peak MiB"))
+PHASES = ("plan", "lower", "verify", "predict", "write")
+rows, results = [], {}
+with tempfile.TemporaryDirectory() as tmp:
+    for label, name in CASES.items():
+        out = Path(tmp) / f"{name}.xml"
+        r = run_command([*hipipe(), "compile", name, "--algo", "hierarchical", "--size", "1GiB", "-o", out, "--json"])
+        if r["returncode"] != 0:
+            rows.append((label, "error", r["stderr"].strip()[-60:], *[""] * (len(PHASES) + 1)))
+            continue
+        seconds = json.loads(r["stdout"])["seconds"]
+        results[label] = {"preset": name, "seconds": r["seconds"], "peak_mib": r["peak_mib"], "phases": seconds,
+                          "xml_mib": out.stat().st_size / 2**20}
+        rows.append((label, f"{r['seconds']:.2f}", *(f"{seconds.get(p, 0.0):.2f}" for p in PHASES),
+                     f"{out.stat().st_size / 2**20:.1f}", f"{r['peak_mib']:.0f}"))
+print("hipipe compile PRESET --algo hierarchical --size 1GiB -o FILE: end to end, and its phases (s)")
+print_table(rows, ("topology", "end to end s", *PHASES, "XML MiB", "peak MiB"))
+pod = results.get("1024 (8x4x8x4)")
+holds = pod is not None and target("hipipe compile of the 1024-rank pod, end to end", pod["seconds"], 10, "s")
+if "--save" in sys.argv:
+    save("compile-speed.json", results)
+sys.exit(0 if holds else 1)

@@ -1,15 +1,18 @@
-"""Shared by the benchmark scripts: run one case in a fresh process and report its wall time
-and peak memory, so cases do not disturb each other's measurements."""
+"""Shared by the benchmark scripts: run the `hipipe` command (or a snippet) in a fresh process
+and report its wall time and peak memory, print tables, and say whether a target holds."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+#: Where curated benchmark results live; benchmarks/readme_tables.py renders the README from them.
+RESULTS = REPO / "samples" / "results"
 
 CASES = {
     "8x4": "dgx-h100-8x4",
@@ -17,6 +20,30 @@ CASES = {
     "8x64": "dgx-h100-8x64",
     "1024 (8x4x8x4)": "pod-8x4x8x4",
 }
+
+
+def hipipe() -> list[str]:
+    """The installed `hipipe` command, or the module from this checkout."""
+    exe = shutil.which("hipipe")
+    return [exe] if exe else [sys.executable, "-m", "hipipe_compiler"]
+
+
+#: Runs a command as its only child: its wall time and peak memory are then that command's.
+_WRAPPER = """
+import json, resource, subprocess, sys, time
+start = time.perf_counter()
+done = subprocess.run(sys.argv[1:])
+print(json.dumps({"seconds": time.perf_counter() - start, "returncode": done.returncode,
+                  "peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}), file=sys.stderr)
+"""
+
+
+def run_command(args: list[str], cwd: Path | None = None) -> dict:
+    """Run a command to the end, as a user would: its wall seconds (interpreter start and
+    imports included), peak MiB, exit code and output."""
+    done = subprocess.run([sys.executable, "-c", _WRAPPER, *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    *lines, last = done.stderr.rstrip("\n").split("\n")
+    return {**json.loads(last), "stdout": done.stdout, "stderr": "\n".join(lines)}
 
 
 def measure(code: str) -> dict:
@@ -37,3 +64,19 @@ def measure(code: str) -> dict:
 def print_table(rows: list[tuple], headers: tuple[str, ...]) -> None:
     from tabulate import tabulate
     print(tabulate(rows, headers=headers, disable_numparse=True))
+
+
+def target(what: str, value: float, limit: float, unit: str) -> bool:
+    """Print one target line (`target: ... : holds` or `: MISSED`) and return whether it holds."""
+    holds = value <= limit
+    print(f"target: {what} under {limit:g} {unit}: {value:.1f} {unit}: {'holds' if holds else 'MISSED'}")
+    return holds
+
+
+def save(name: str, data: object) -> Path:
+    """Write a result file under samples/results/ (what the README's tables are made from)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"saved {path.relative_to(REPO)}")
+    return path

@@ -1,0 +1,87 @@
+"""The README's numbers are rendered from the benchmark results in samples/results/
+(benchmarks/readme_tables.py), and a few cells of each are recomputed here and compared."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from hipipe_compiler.bench import Grid, load_grid, run_grid
+from hipipe_compiler.topology import load_topology
+from hipipe_compiler.training import SimulatedCost, load_profile, plan_training
+
+from conftest import SHARED
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "samples" / "results"
+
+
+def readme_tables():
+    spec = importlib.util.spec_from_file_location("readme_tables", REPO / "benchmarks" / "readme_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_is_what_the_saved_results_render():
+    tables = readme_tables()
+    text = (REPO / "README.md").read_text()
+    for part in ("grid", "less-time", "compile-times", "training"):
+        assert f"<!-- begin: {part}" in text, f"README.md lost its generated part {part!r}"
+    assert tables.render(text, tables.sections()) == text, "run python benchmarks/readme_tables.py"
+
+
+def test_the_rendering_follows_the_results():
+    tables = readme_tables()
+    points = tables.grid_points()
+    c1 = points[("C1", 1 << 30)]
+    u = float(c1["hipipe"]["lower_bound_us"]) / float(c1["hipipe"]["time_us"])
+    assert f"**{u:.2f}**" in tables.grid_table(points).splitlines()[2]
+    faster = {key: dict(algos, hipipe={**algos["hipipe"], "time_us": str(float(algos["hierarchical"]["time_us"]) / 2)})
+              for key, algos in points.items()}
+    assert tables.less_time(faster) == "50%"
+
+
+def saved_row(topology: str, nbytes: int, algorithm: str) -> dict:
+    with open(RESULTS / "bench-grid.csv", newline="") as fh:
+        return next(r for r in csv.DictReader(fh)
+                    if (r["topology"], int(r["nbytes"]), r["algorithm"]) == (topology, nbytes, algorithm))
+
+
+@pytest.mark.parametrize("topology,nbytes,algorithms", [
+    ("C1", 1 << 20, ("hierarchical", "ring")),
+    ("C3", 64 << 20, ("themis", "hierarchical-k4")),
+    # the first size of a topology: HiPIPE's search starts fresh there, as in the grid's run
+    ("C1", 64 << 10, ("hipipe",)),
+])
+def test_grid_cells_reproduce(topology, nbytes, algorithms):
+    grid = load_grid(REPO / "benchmarks" / "grid.yaml")
+    rows = run_grid(Grid({topology: grid.topologies[topology]}, (nbytes,), grid.collective, algorithms), progress=False)
+    for row in rows:
+        saved = saved_row(topology, nbytes, row.algorithm)
+        assert row.time_us == pytest.approx(float(saved["time_us"]), rel=1e-9), row.algorithm
+
+
+def test_a_training_row_reproduces():
+    if not (SHARED / "data" / "layer-profiles.json").is_file():
+        pytest.skip(f"{SHARED / 'data' / 'layer-profiles.json'} is absent: no ../shared beside this clone")
+    saved = json.loads((RESULTS / "training-table.json").read_text())
+    row = next(r for r in saved["rows"] if r["topology"] == "torus-4x4" and r["profile"] == "resnet50"
+               and r["times"] == "profile")
+    topo = load_topology("torus-4x4")
+    report = plan_training(load_profile("resnet50"), SimulatedCost(topo, saved["algorithm"]), topo.nranks)
+    for policy, numbers in row["policies"].items():
+        assert report[policy].iteration_ms == pytest.approx(numbers["iteration_ms"], rel=1e-9), policy
+
+
+def test_the_quoted_compile_times_are_the_saved_ones():
+    text = (REPO / "README.md").read_text()
+    quoted = " ".join(re.search(r"<!-- begin: compile-times.*?<!-- end: compile-times -->", text, re.S).group(0).split())
+    saved = json.loads((RESULTS / "compile-hipipe.json").read_text())
+    for topology in ("C1", "C3", "C5", "C6"):
+        assert f"{saved[topology]['seconds']:.1f} s for {topology}" in quoted

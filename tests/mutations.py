@@ -13,6 +13,9 @@ from dataclasses import replace
 from hipipe_compiler.msccl import Program, Step
 from hipipe_compiler.msccl.program import RECEIVING_TYPES, SENDING_TYPES, buffer_chunks
 
+#: What reading or writing the wrong chunk breaks.
+WRONG_DATA = {"semantics.result", "semantics.reduce-mismatch", "semantics.duplicate", "semantics.uninitialized-read",
+              "race.read-write", "race.write-write"}
 EXPECTED = {
     "drop_message": {"connection.count"},
     "reduce_to_copy": {"semantics.result"},
@@ -26,6 +29,19 @@ EXPECTED = {
     # a threadblock that waited for the original reduction now races with the inserted one
     "duplicate_reduction": {"semantics.duplicate", "semantics.result", "race.read-write", "race.write-write"},
     "break_cnt": {"connection.cnt"},
+    # data lands or is read at the wrong place: a result misses it, a reduction mixes chunks,
+    # a later read finds nothing, or the stray write collides with another threadblock's access
+    "wrong_destination": WRONG_DATA,
+    "wrong_send_source": WRONG_DATA,
+    # two messages of one count on one connection change places: each lands where the other should
+    "swap_messages": WRONG_DATA,
+    "wrong_peer": {"connection.count", "tb.duplicate-connection", "tb.unused-peer", "deadlock.cycle", "deadlock.starved",
+                   *WRONG_DATA},
+    "wrong_channel": {"connection.count", "tb.duplicate-connection", "tb.channel", "deadlock.cycle", "deadlock.starved",
+                      *WRONG_DATA},
+    # waiting for an earlier step of the same threadblock than the one that wrote what it reads
+    "weaken_dependency": {"race.read-write", "race.write-write", "dep.hasdep", "dep.nop-target", *WRONG_DATA},
+    "write_input_out_of_place": {"semantics.input-written"},
 }
 
 
@@ -264,8 +280,130 @@ def break_cnt(program: Program, index: int) -> Program | None:
     return _replace_step(program, *site, cnt=st.cnt - 1 if st.cnt >= 2 else st.cnt + 1)
 
 
+def _moved(off: int, cnt: int, size: int) -> int | None:
+    """Another offset for a range of cnt chunks inside a buffer of size chunks, or None."""
+    if off + cnt < size:
+        return off + 1
+    return off - 1 if off > 0 else None
+
+
+def wrong_destination(program: Program, index: int) -> Program | None:
+    """A receive, reduction or copy writes one chunk off (in an all-gather: the data lands in another
+    rank's block of the output)."""
+    sizes = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
+
+    def ok(p, g, tb, pos, st):
+        size = g.s_chunks if st.dstbuf == "s" else sizes[st.dstbuf]
+        return st.type in ("r", "rcs", "rrc", "rrcs", "cpy") and st.dstoff >= 0 and _moved(st.dstoff, st.cnt, size) is not None
+    site = _pick(_sites(program, ok), index)
+    if site is None:
+        return None
+    g = program.gpus[site[0]]
+    st = g.threadblocks[site[1]].steps[site[2]]
+    size = g.s_chunks if st.dstbuf == "s" else sizes[st.dstbuf]
+    return _replace_step(program, *site, dstoff=_moved(st.dstoff, st.cnt, size))
+
+
+def wrong_send_source(program: Program, index: int) -> Program | None:
+    """A send reads its data one chunk off."""
+    sizes = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
+
+    def ok(p, g, tb, pos, st):
+        size = g.s_chunks if st.srcbuf == "s" else sizes[st.srcbuf]
+        return st.type == "s" and st.srcoff >= 0 and _moved(st.srcoff, st.cnt, size) is not None
+    site = _pick(_sites(program, ok), index)
+    if site is None:
+        return None
+    g = program.gpus[site[0]]
+    st = g.threadblocks[site[1]].steps[site[2]]
+    size = g.s_chunks if st.srcbuf == "s" else sizes[st.srcbuf]
+    return _replace_step(program, *site, srcoff=_moved(st.srcoff, st.cnt, size))
+
+
+def swap_messages(program: Program, index: int) -> Program | None:
+    """Two successive sends of one count on one threadblock swap their data (each keeps its
+    own dependencies, so one may now also read before its data is ready)."""
+    sites = []
+    for gi, g in enumerate(program.gpus):
+        for ti, tb in enumerate(g.threadblocks):
+            sends = [pos for pos, st in enumerate(tb.steps) if st.type == "s"]
+            for a, b in zip(sends, sends[1:]):
+                x, y = tb.steps[a], tb.steps[b]
+                if x.cnt == y.cnt and (x.srcbuf, x.srcoff) != (y.srcbuf, y.srcoff):
+                    sites.append((gi, ti, a, b))
+    if not sites:
+        return None
+    gi, ti, a, b = sites[index % len(sites)]
+    x, y = program.gpus[gi].threadblocks[ti].steps[a], program.gpus[gi].threadblocks[ti].steps[b]
+    mutated = _replace_step(program, gi, ti, a, srcbuf=y.srcbuf, srcoff=y.srcoff)
+    return _replace_step(mutated, gi, ti, b, srcbuf=x.srcbuf, srcoff=x.srcoff)
+
+
+def _replace_tb(program: Program, gi: int, ti: int, **changes) -> Program:
+    g = program.gpus[gi]
+    tbs = list(g.threadblocks)
+    tbs[ti] = replace(tbs[ti], **changes)
+    gpus = list(program.gpus)
+    gpus[gi] = replace(g, threadblocks=tuple(tbs))
+    return replace(program, gpus=tuple(gpus))
+
+
+def wrong_peer(program: Program, index: int) -> Program | None:
+    """A threadblock sends to (even index) or receives from (odd) another rank than the one
+    that expects it."""
+    side = "send" if index % 2 == 0 else "recv"
+    tbs = [(gi, ti) for gi, g in enumerate(program.gpus) for ti, tb in enumerate(g.threadblocks) if getattr(tb, side) >= 0]
+    if not tbs or program.ngpus < 3:
+        return None
+    gi, ti = tbs[index // 2 % len(tbs)]
+    tb = program.gpus[gi].threadblocks[ti]
+    others = [r for r in range(program.ngpus) if r not in (program.gpus[gi].id, getattr(tb, side))]
+    return _replace_tb(program, gi, ti, **{side: others[index % len(others)]})
+
+
+def wrong_channel(program: Program, index: int) -> Program | None:
+    """A threadblock with peers moves to another channel than its peers use (past the last
+    channel when there is only one)."""
+    tbs = [(gi, ti) for gi, g in enumerate(program.gpus) for ti, tb in enumerate(g.threadblocks) if tb.send >= 0 or tb.recv >= 0]
+    if not tbs:
+        return None
+    gi, ti = tbs[index % len(tbs)]
+    tb = program.gpus[gi].threadblocks[ti]
+    return _replace_tb(program, gi, ti, chan=(tb.chan + 1) % max(2, program.nchannels))
+
+
+def weaken_dependency(program: Program, index: int) -> Program | None:
+    """A dependency names an earlier step of its target threadblock than the one it needs
+    (the wait is kept, but it no longer covers the access it orders)."""
+    sites = [s for s in _dependency_sites(program) if s[4] > 0]
+    for k in range(len(sites)):
+        gi, ti, pos, dep_tb, dep_pos = sites[(index + k) % len(sites)]
+        mutated = _replace_step(program, gi, ti, pos, deps=dep_pos - 1)
+        real = pos
+        steps = mutated.gpus[gi].threadblocks[ti].steps
+        while steps[real].type == "nop":
+            real += 1
+        rank = program.gpus[gi].id
+        if not reaches(mutated, (rank, dep_tb, dep_pos), (rank, program.gpus[gi].threadblocks[ti].id, real)):
+            return mutated
+    return None
+
+
+def write_input_out_of_place(program: Program, index: int) -> Program | None:
+    """Out of place, a step writes the caller's send buffer instead of the output buffer."""
+    if not program.outofplace:
+        return None
+    sizes = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
+    site = _pick(_sites(program, lambda p, g, tb, pos, st: st.writes_dst and st.dstbuf == "o"
+                        and 0 <= st.dstoff and st.dstoff + st.cnt <= sizes["i"]), index)
+    return None if site is None else _replace_step(program, *site, dstbuf="i")
+
+
 MUTATIONS = {
     "drop_message": drop_message, "reduce_to_copy": reduce_to_copy, "wrong_chunk": wrong_chunk,
     "drop_dependency": drop_dependency, "reorder_across_dependency": reorder_across_dependency,
-    "duplicate_reduction": duplicate_reduction, "break_cnt": break_cnt,
+    "duplicate_reduction": duplicate_reduction, "break_cnt": break_cnt, "wrong_destination": wrong_destination,
+    "wrong_send_source": wrong_send_source, "swap_messages": swap_messages, "wrong_peer": wrong_peer,
+    "wrong_channel": wrong_channel, "weaken_dependency": weaken_dependency,
+    "write_input_out_of_place": write_input_out_of_place,
 }

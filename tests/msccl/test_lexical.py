@@ -18,6 +18,12 @@ from msccl_files import GOOD
     (GOOD.replace('name="a" ', 'name="a"  '), "lexical.double-space"),
     ('<!-- c -->\n<gpu id="0"/>\n', "lexical.first-node"),
     (GOOD.replace("\n</algo>", "\nhello\n</algo>"), "lexical.text-content"),
+    (GOOD.replace("\n</algo>", "\n<![CDATA[x]]>\n</algo>"), "lexical.markup"),
+    ("<!DOCTYPE algo>\n" + GOOD, "lexical.markup"),
+    (GOOD.replace("\n</algo>", "\n<9gpu id=\"0\"/>\n</algo>"), "lexical.tag-name"),
+    (GOOD.rstrip("\n") + '\n<gpu id="0"', "lexical.unterminated"),
+    (GOOD.replace('name="a"', 'name="a&amp;b"'), "lexical.value-chars"),
+    (GOOD.replace('name="a"', 'name="a\tb"'), "lexical.value-chars"),
 ])
 def test_lexical_rules_are_caught(text, rule):
     assert rule in {i.rule for i in lexical_issues(text)}

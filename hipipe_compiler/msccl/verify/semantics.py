@@ -192,3 +192,18 @@ def check_results(p: Program, values: _Values, mode: str, out: Collector) -> Non
             errors += 1
             if errors >= 10:
                 return
+
+
+def check_input_untouched(p: Program, t: StepTable, out: Collector) -> None:
+    """Out of place, the send buffer is the caller's, read-only: no step may write it."""
+    rows = np.flatnonzero(WRITES[t.kind] & (t.dstbuf == BUF_INDEX["i"]))
+    seen: set[int] = set()
+    for row in rows.tolist():
+        rank, tb, pos = t.ref(row)
+        if rank in seen:
+            continue
+        seen.add(rank)
+        out.add("semantics.input-written", f"out of place: writes the send buffer i[{int(t.dstoff[row])}]; the caller's "
+                "input is read-only (it may still be in use), so its data would be overwritten", rank, tb, pos)
+        if len(seen) >= 10:
+            return

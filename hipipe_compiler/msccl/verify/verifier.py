@@ -28,7 +28,7 @@ from ..program import Program
 from .execution import execute, step_table
 from .races import check_races
 from .report import Collector, Report, VerifyOptions
-from .semantics import SEMANTIC_COLLECTIVES, check_results, symbolic_execution
+from .semantics import SEMANTIC_COLLECTIVES, check_input_untouched, check_results, symbolic_execution
 from .structure import check_connections, check_structure
 
 
@@ -57,6 +57,8 @@ def _verify(program: Program, options: VerifyOptions) -> Report:
     checked.append("deadlock")
     table = step_table(program, ex)
     del ex  # the run's state per step is not needed any more: free it before the symbolic execution
+    if program.outofplace:
+        check_input_untouched(program, table, out)
     budget = 20  # semantic violations reported, over both modes
     for inplace in modes:  # one at a time: each mode's values are as large as every rank's buffers
         values, budget = symbolic_execution(program, table, inplace, out, budget)

@@ -22,11 +22,21 @@ SAMPLES = REPO / "samples" / "topologies"
 # the package (also when installed, not editable) and every `hipipe` the tests run find ../shared here
 os.environ.setdefault("HIPIPE_SHARED_DIR", str(SHARED))
 
-settings.register_profile(
-    "default", deadline=None, max_examples=25, derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+#: Hypothesis profiles: "default" is CI's, fixed examples so every run checks the same sample
+#: quickly; "thorough" (HYPOTHESIS_PROFILE=thorough pytest) draws ten times as many, at
+#: random, before a release.
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "default")
+SCALE = {"default": 1, "thorough": 10}[PROFILE]
+SLOW = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile("default", deadline=None, max_examples=25, derandomize=True, suppress_health_check=SLOW)
+settings.register_profile("thorough", deadline=None, max_examples=25 * SCALE, derandomize=False,
+                          suppress_health_check=SLOW, print_blob=True)
+settings.load_profile(PROFILE)
+
+
+def examples(n: int) -> int:
+    """A test's own number of examples, scaled by the profile."""
+    return n * SCALE
 
 
 def shared_path(*parts: str) -> Path:
@@ -44,8 +54,9 @@ def real_xml_files() -> list[Path]:
 
 
 @st.composite
-def topologies(draw, max_dims: int = 4, max_ranks: int = 64, min_size: int = 2, max_size: int = 8) -> Topology:
-    """Random hierarchical topologies: 1-4 dimensions, sizes 2-8, both kinds, bounded rank count."""
+def topologies(draw, max_dims: int = 4, max_ranks: int = 64, min_size: int = 2, max_size: int = 16) -> Topology:
+    """Random hierarchical topologies: 1-4 dimensions, sizes 2-16 (odd ones too), both kinds,
+    bounded rank count."""
     ndims = draw(st.integers(1, max_dims))
     dims = []
     ranks = 1
@@ -66,6 +77,14 @@ def topologies(draw, max_dims: int = 4, max_ranks: int = 64, min_size: int = 2, 
 
 
 COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+#: Bytes per element of the types calls are made with: float32, and bfloat16/float16.
+DTYPE_BYTES = (4, 2)
+
+
+def call_sizes(max_bytes: int = 64 << 20):
+    """Call sizes in bytes: powers of two as benchmarks use, and any other size as real jobs do."""
+    powers = st.integers(10, max(10, max_bytes.bit_length() - 1)).map(lambda k: 1 << k)
+    return st.one_of(powers, st.integers(1, max_bytes))
 
 
 def hipipe_command() -> list[str]:

@@ -15,7 +15,7 @@ from hipipe_compiler.msccl.verify import verify
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 from hipipe_compiler.topology import preset
 
-from conftest import COLLECTIVES, topologies
+from conftest import COLLECTIVES, examples, topologies
 from strategies import WINDOWS, plans
 
 
@@ -48,7 +48,7 @@ def test_baselines_verify_for_random_topologies(topo, coll, chunks, max_bytes, f
     assert program.inplace and program.outofplace  # one program serves both kinds of call
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(plans())
 def test_arbitrary_plans_lower_to_programs_that_verify(plan):
     """Chunk sizes, per-chunk orders, directions, lanes, algorithms, layouts, protocols and
@@ -133,7 +133,7 @@ def test_the_xml_reader_limit_refuses_one_node_too_many_and_no_fewer():
     assert lower(plan, replace(Limits(), max_nodes=nodes)) == program
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(plans(max_ranks=16))
 def test_the_early_footprint_never_exceeds_the_lowered_programs(plan):
     # lowering refuses a plan from this floor before its costly passes: it must be a floor
@@ -248,7 +248,7 @@ def test_prune_refuses_a_dependency_cycle():
         _prune(g, len(g.tb_units))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(plans(max_ranks=16), st.sampled_from(WINDOWS))
 def test_plans_with_one_lowering_key_lower_to_one_program(plan, other_max):
     # the optimizer and the compiler share programs between windows by this key
@@ -268,7 +268,7 @@ def test_the_lowering_key_ignores_piece_limits_that_cut_nothing():
     assert lowering_key(plan.with_window(1 << 23, 1 << 24)) != lowering_key(plan.with_window(1 << 25, 1 << 26))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(plans(max_ranks=16))
 def test_ranks_with_rank_0s_operations_get_rank_0s_program_shifted(plan):
     # the optimizer times rank 0 alone when same_schedule holds: that must be exact

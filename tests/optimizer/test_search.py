@@ -7,15 +7,18 @@ from hypothesis import strategies as st
 from hipipe_compiler.bench import BASELINES
 from hipipe_compiler.bounds import lower_bound_us
 from hipipe_compiler.compiler import CompileOptions, compile_range
+from hipipe_compiler.errors import PlanError
 from hipipe_compiler.lower import lower
+from hipipe_compiler.msccl.program import PROTOCOLS
 from hipipe_compiler.msccl.verify import verify
 from hipipe_compiler.optimizer import Knobs, Search, build_plan, optimize_window
 from hipipe_compiler.optimizer.knobs import SPREAD_STRIDE
 from hipipe_compiler.optimizer.lp import order_mix
+from hipipe_compiler.schedule import check_plan
 from hipipe_compiler.sim import simulate, simulate_exact
 from hipipe_compiler.topology import Dimension, Topology, preset
 
-from conftest import topologies
+from conftest import examples, topologies
 
 MiB = 1 << 20
 
@@ -62,30 +65,39 @@ def test_spread_puts_the_slowest_dimension_of_successive_chunks_on_lane_groups()
 
 
 KNOBS = st.builds(
-    Knobs, chunks=st.integers(1, 16), mix=st.booleans(), ag_lane=st.booleans(), lp_sizes=st.booleans(),
-    granularity=st.sampled_from([1, 2, 4, 8, 16]), lanes=st.integers(1, 3), ramp=st.integers(0, 3),
-    oneshot=st.booleans(), arrange=st.sampled_from(["spread", "front", "back", "lanes"]), fan=st.booleans(),
-    split=st.booleans(), tilt=st.integers(-7, 7), bidir=st.booleans(), spread=st.integers(1, 3))
+    Knobs, chunks=st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]), mix=st.booleans(), ag_lane=st.booleans(),
+    lp_sizes=st.booleans(), granularity=st.sampled_from([1, 2, 4, 8, 16]), protocol=st.sampled_from(PROTOCOLS),
+    lanes=st.integers(1, 3), ramp=st.integers(0, 3), oneshot=st.booleans(),
+    arrange=st.sampled_from(["spread", "front", "back", "lanes"]), fan=st.booleans(), split=st.booleans(),
+    tilt=st.integers(-7, 7), bidir=st.booleans(), spread=st.integers(1, 3))
+#: Size windows the search plans for: small and latency bound, a multiple of slices, large.
+WINDOWS = [(64 << 10, (128 << 10) - 1), (1 << 20, (4 << 20) - 1), (64 << 20, (256 << 20) - 1)]
 
 
 MIXED_3X2X3 = Topology((Dimension(3, "ring", 100.0, 0.5, "x"), Dimension(2, "switch", 50.0, 1.0, "y"),
                         Dimension(3, "ring", 25.0, 2.0, "z")), name="mixed-3x2x3")
 
 
-@settings(max_examples=60, deadline=None)
-@given(topologies(max_ranks=32), st.sampled_from(["allreduce", "reducescatter", "allgather"]), KNOBS)
-@example(MIXED_3X2X3, "reducescatter", Knobs(1, mix=True))  # every order's share below one chunk's
-def test_every_knob_combination_builds_a_valid_plan(topo, coll, knobs):
-    # the search may reach any combination; each must give a plan (that may still not fit the runtime)
-    from hipipe_compiler.errors import PlanError
-    from hipipe_compiler.schedule import check_plan
-    plan = build_plan(topo, coll, MiB, MiB, knobs)
+@settings(max_examples=examples(40), deadline=None)
+@given(topologies(max_ranks=16), st.sampled_from(["allreduce", "reducescatter", "allgather"]), KNOBS,
+       st.sampled_from(WINDOWS))
+@example(MIXED_3X2X3, "reducescatter", Knobs(1, mix=True), WINDOWS[1])  # every order's share below one chunk's
+def test_every_plan_the_search_can_build_verifies_and_never_beats_the_bound(topo, coll, knobs, window):
+    """Any knob setting the search may reach gives a plan; where it fits the runtime, its
+    program for every rank verifies, and no simulated call is faster than the physical limit."""
+    lo, hi = window
+    plan = build_plan(topo, coll, lo, hi, knobs)
     check_plan(plan)
     assert all(c.units >= 1 for c in plan.chunks)
     try:
-        lower(plan, ranks=[0])
+        program = lower(plan)
     except PlanError:
-        pass
+        return  # too large for the runtime: the search skips it
+    report = verify(program)
+    assert report.ok, (knobs, report.violations[:3])
+    for size in (lo, hi):
+        result = simulate(program, topo, size)
+        assert result.time_us >= result.lower_bound_us * (1 - 1e-9), (knobs, size, result.time_us, result.lower_bound_us)
 
 
 def test_both_way_rings_replace_rings_only_and_cut_small_message_time():
@@ -99,7 +111,7 @@ def test_both_way_rings_replace_rings_only_and_cut_small_message_time():
     assert times[1] < 0.9 * times[0]  # two latencies per ring pass instead of three
 
 
-@settings(max_examples=12)
+@settings(max_examples=examples(12))
 @given(topologies(max_ranks=16), st.sampled_from(["allreduce", "reducescatter", "allgather"]),
        st.sampled_from([64 << 10, MiB, 64 * MiB]))
 def test_hipipe_is_never_slower_than_any_baseline(topo, coll, size):

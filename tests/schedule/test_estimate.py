@@ -11,6 +11,7 @@ from hipipe_compiler.schedule.estimate import default_schedule
 from hipipe_compiler.sim import simulate, simulate_exact
 from hipipe_compiler.topology import preset
 
+from conftest import examples
 from strategies import plans
 
 
@@ -32,7 +33,7 @@ def test_default_schedule_pipelines_chunks_across_dimensions():
     assert sched.index((0, 1)) < sched.index((3, 0))
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(plans(max_ranks=16), st.sampled_from([1 << 12, 1 << 20, 64 << 20]))
 def test_no_run_of_a_plan_beats_its_time_floor(plan, nbytes):
     # the optimizer drops candidates by this floor, so it must never exceed a simulated time

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.lower import lower
+from hipipe_compiler.lower import lower, same_schedule
 from hipipe_compiler.msccl import Gpu, Program, Step, Threadblock, read_program
 from hipipe_compiler.optimizer import Knobs
 from hipipe_compiler.optimizer import build_plan as hipipe_build
@@ -233,15 +233,24 @@ knob_sets = st.builds(
 
 
 @given(topologies(max_ranks=32), knob_sets, st.sampled_from([1 << 20, 64 << 20]))
-def test_hipipe_all_reduces_are_the_same_on_every_rank(topo, knobs, nbytes):
+def test_hipipe_all_reduces_are_the_same_on_every_rank_where_the_probes_say_so(topo, knobs, nbytes):
     """Blocks too big for one step are cut relative to each rank's position, so every rank
-    runs rank 0's schedule shifted: simulating rank 0 alone is then exact."""
+    runs rank 0's schedule shifted and simulating rank 0 alone is exact. A one-shot stage
+    whose owned range spans several steps is cut at fixed offsets and may differ per rank
+    (a 2 x 9 torus with 8 units per chunk does): the search then takes the probe ranks'
+    word (same_schedule), which must never claim a symmetry the program lacks."""
+    plan = hipipe_build(topo, "allreduce", nbytes, nbytes, knobs, nbytes)
     try:
-        program = lower(hipipe_build(topo, "allreduce", nbytes, nbytes, knobs, nbytes))
+        program = lower(plan)
     except PlanError:
         return  # does not fit the runtime: the optimizer skips it
-    assert symmetric(program, topo)
-    assert simulate_exact(program, topo, nbytes).time_us == pytest.approx(simulate(program, topo, nbytes).time_us, rel=1e-9)
+    if not any(a == "oneshot" for a in plan.algorithms):
+        assert symmetric(program, topo)
+    if same_schedule(plan, probe_ranks(topo)):
+        assert symmetric(program, topo)
+    if symmetric(program, topo):
+        assert simulate_exact(program, topo, nbytes).time_us == pytest.approx(simulate(program, topo, nbytes).time_us,
+                                                                              rel=1e-9)
 
 
 def test_symmetric_sees_a_rank_that_runs_a_different_schedule():

@@ -12,6 +12,8 @@ from hipipe_compiler.training import AlphaBetaCost, SimulatedCost
 from hipipe_compiler.training.commcost import COLLECTIVES, CostCache, cached
 from hipipe_compiler.windows import window_of
 
+from conftest import DTYPE_BYTES, call_sizes, examples
+
 
 def test_alpha_beta_formulas():
     cost = AlphaBetaCost.hierarchical([(8, 300.0, 1.0), (4, 50.0, 5.0)], launch_us=10.0)
@@ -35,19 +37,19 @@ def test_cost_cache_splits_latency_and_work_and_rejects_nonsense():
         broken.phases_ms("allgather", 10)
 
 
-@pytest.fixture(scope="module")
-def torus_cost() -> SimulatedCost:
-    return SimulatedCost(preset("torus-4x4"), algorithm="hierarchical")
+@pytest.fixture(scope="module", params=DTYPE_BYTES, ids=lambda b: f"{b}-byte elements")
+def torus_cost(request) -> SimulatedCost:
+    return SimulatedCost(preset("torus-4x4"), algorithm="hierarchical", dtype_bytes=request.param)
 
 
-@settings(max_examples=30, deadline=None)
-@given(st.sampled_from(COLLECTIVES), st.integers(1, 64 << 20))
+@settings(max_examples=examples(30), deadline=None)
+@given(st.sampled_from(COLLECTIVES), call_sizes())
 def test_calls_are_padded_to_a_size_their_program_serves(torus_cost, collective, nbytes):
     """The runtime selects a program only for sizes in its window that are multiples of
     nchunksperloop elements: a padded call must be one, and the least such above nbytes."""
     size = torus_cost.call_bytes(collective, nbytes)
     cw = torus_cost.compiled(collective, size)
-    multiple = cw.program.nchunksperloop * 4
+    multiple = cw.program.nchunksperloop * torus_cost.options.dtype_bytes
     assert size >= nbytes and size % multiple == 0
     assert cw.window == window_of(size) and cw.window.min_bytes <= size <= cw.window.max_bytes
     if window_of(nbytes) == cw.window:

@@ -20,6 +20,7 @@ from hipipe_compiler.training.planner import PolicyResult, plan_document, progra
 from hipipe_compiler.training.profiles import BUILTIN_PROFILES, builtin_profile
 from hipipe_compiler.windows import window_of
 
+from conftest import examples
 from training_helpers import make_profile, needs_shared_data, one_ms_cost, zero_cost
 
 EPS = 1e-6  # ms
@@ -145,7 +146,7 @@ def costs(draw):
     return AlphaBetaCost(alpha, beta), world
 
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @SETTINGS
@@ -167,7 +168,7 @@ def test_every_policy_keeps_every_invariant(profile, cost_world, chunks):
         assert doc["predicted"]["iteration_ms"] == report[policy].iteration_ms
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(profiles())
 def test_free_communication_costs_nothing(profile):
     report = plan_training(profile, zero_cost(), 8, search_evals=40)
@@ -176,7 +177,7 @@ def test_free_communication_costs_nothing(profile):
         assert result.exposed_comm_ms == pytest.approx(0.0, abs=1e-9)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(profiles(max_layers=10), costs())
 def test_simulation_is_deterministic_and_order_matters_only_through_the_plan(profile, cost_world):
     cost, world = cost_world

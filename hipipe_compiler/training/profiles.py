@@ -221,7 +221,8 @@ def shared_data_path() -> Path:
     override = os.environ.get(SHARED_DIR_ENV)
     if override:
         return Path(override) / "data" / "layer-profiles.json"
-    candidates = [Path.cwd().parent / "shared", Path(__file__).resolve().parents[1].parent / "shared"]
+    checkout = Path(__file__).resolve().parents[2]  # hipipe_compiler/training/profiles.py
+    candidates = [Path.cwd().parent / "shared", checkout.parent / "shared"]
     paths = [c / "data" / "layer-profiles.json" for c in candidates]
     return next((p for p in paths if p.is_file()), paths[-1])
 

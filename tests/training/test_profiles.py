@@ -231,3 +231,13 @@ def test_device_model_rejects_nonsense():
 
 def test_docstring_examples():
     assert doctest.testmod(profiles_module, optionflags=doctest.ELLIPSIS).failed == 0
+
+
+def test_an_editable_install_finds_the_shared_data_from_any_directory(tmp_path, monkeypatch):
+    checkout = Path(profiles_module.__file__).resolve().parents[2]
+    beside = checkout.parent / "shared" / "data" / "layer-profiles.json"
+    if not (checkout / "pyproject.toml").is_file() or not beside.is_file():
+        pytest.skip("needs an editable install with ../shared beside the checkout")
+    monkeypatch.delenv(profiles_module.SHARED_DIR_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert profiles_module.shared_data_path() == beside

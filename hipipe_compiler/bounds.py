@@ -50,7 +50,8 @@ def bandwidth_bound_us(topology: Topology, collective: str, nbytes: float) -> tu
 
 
 def latency_bound_us(topology: Topology) -> float:
-    """The largest, over rank pairs, of the smallest sum of alpha along a legal path.
+    """The largest, over rank pairs, of the smallest sum of alpha along a legal path, each
+    dimension's alpha the smallest over the protocols (the protocol is the schedule's choice).
 
     Dimension by dimension from the outermost: a switch hop in dimension d costs alpha_d and
     sets every coordinate up to d at once (the highest differing coordinate decides the
@@ -63,9 +64,9 @@ def latency_bound_us(topology: Topology) -> float:
     worst = 0.0
     for dim in topology.dimensions:
         if dim.kind == "ring":
-            worst += dim.diameter * dim.latency
+            worst += dim.diameter * dim.min_alpha
         else:
-            worst = max(dim.latency, min(2 * dim.latency, worst))
+            worst = max(dim.min_alpha, min(2 * dim.min_alpha, worst))
     return worst
 
 

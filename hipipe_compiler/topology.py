@@ -8,6 +8,8 @@ ranks are linked (cost-model.md sections 1-2).
 (32, (5, 1), 13)
 >>> topo.link_dimension(0, 9), topo.has_link(0, 9)
 (1, True)
+>>> topo.link_latency(0, 9, "LL"), topo.link_latency(0, 9, "Simple")  # NCCL's estimates for IB
+(2.7, 14.0)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Hashable, Literal
+from typing import Any, Hashable, Literal, Mapping
 
 from .documents import load_document, validate_document
 from .errors import InputError
@@ -26,6 +28,45 @@ KINDS: tuple[str, ...] = ("ring", "switch")
 
 #: A resource a message uses while it moves bytes, and that resource's capacity in GB/s.
 Resource = tuple[Hashable, float]
+#: The runtime's protocols, in the order latencies are written.
+PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+
+
+@dataclass(frozen=True)
+class Latencies:
+    """alpha per protocol, in microseconds: how long a message takes to become visible to its
+    receiver (cost-model.md section 1).
+
+    >>> Latencies.of({"LL": 0.6, "LL128": 1.9, "Simple": 3.4}).alpha("LL128")
+    1.9
+    """
+
+    LL: float
+    LL128: float
+    Simple: float
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> "Latencies":
+        """From a mapping with exactly the keys LL, LL128 and Simple; InputError names the key."""
+        keys = set(values)
+        if keys != set(PROTOCOLS):
+            missing, extra = sorted(set(PROTOCOLS) - keys), sorted(keys - set(PROTOCOLS), key=str)
+            what = f"missing {', '.join(missing)}" if missing else f"unknown {', '.join(map(repr, extra))}"
+            raise InputError(None, "latency", f"expected exactly LL, LL128 and Simple; {what}")
+        for key in PROTOCOLS:
+            if not _nonnegative(values[key]):
+                raise InputError(None, f"latency.{key}", f"expected a number >= 0 (microseconds), got {values[key]!r}")
+        return cls(**{key: values[key] for key in PROTOCOLS})
+
+    def alpha(self, protocol: str) -> float:
+        return getattr(self, protocol)
+
+
+#: NCCL's own per-hop latency estimates (src/graph/tuning.cc, hwLat, NCCL 2.18), in µs: the
+#: defaults of cost-model.md section 1 for links named by their type.
+NVLINK = Latencies(0.6, 1.9, 3.4)
+PCIE = Latencies(1.0, 2.5, 5.7)
+NETWORK = Latencies(2.7, 4.0, 14.0)
 
 
 @dataclass(frozen=True)
@@ -35,7 +76,7 @@ class Dimension:
     size: int
     kind: str
     bandwidth: float  # GB/s a rank can send (and receive) in this dimension, in total
-    latency: float  # microseconds charged once per message
+    latency: float | Latencies  # microseconds per message: one number for every protocol, or one each
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -45,8 +86,28 @@ class Dimension:
             raise InputError(None, "kind", f"expected one of ring, switch, got {self.kind!r}")
         if not _positive(self.bandwidth):
             raise InputError(None, "bandwidth", f"expected a number > 0 (GB/s), got {self.bandwidth!r}")
-        if not _nonnegative(self.latency):
-            raise InputError(None, "latency", f"expected a number >= 0 (microseconds), got {self.latency!r}")
+        if isinstance(self.latency, Mapping):
+            object.__setattr__(self, "latency", Latencies.of(self.latency))
+        elif not isinstance(self.latency, Latencies) and not _nonnegative(self.latency):
+            raise InputError(None, "latency", f"expected a number >= 0 (microseconds), or one per protocol "
+                             f"(LL, LL128, Simple), got {self.latency!r}")
+
+    def alpha(self, protocol: str) -> float:
+        """alpha (µs) of a message in this dimension under `protocol`."""
+        return self.latency.alpha(protocol) if isinstance(self.latency, Latencies) else self.latency
+
+    @property
+    def min_alpha(self) -> float:
+        """The smallest alpha over the protocols: what the latency bound charges (cost-model.md 4)."""
+        return min(self.alpha(p) for p in PROTOCOLS)
+
+    @property
+    def per_protocol(self) -> bool:
+        return isinstance(self.latency, Latencies)
+
+    def latency_document(self) -> float | dict[str, float]:
+        """The latency as a topology file writes it."""
+        return {p: self.alpha(p) for p in PROTOCOLS} if self.per_protocol else self.latency
 
     @property
     def uses_both_directions(self) -> bool:
@@ -178,12 +239,12 @@ class Topology:
         capacity = dim.bandwidth / 2 if n >= 3 else dim.bandwidth
         return ((("link", a, b), capacity),)
 
-    def link_latency(self, a: int, b: int) -> float:
-        """alpha (microseconds) of a message from a to b."""
+    def link_latency(self, a: int, b: int, protocol: str = "Simple") -> float:
+        """alpha (microseconds) of a message from a to b under `protocol`."""
         d = self.link_dimension(a, b)
         if d is None:
             raise ValueError("a message needs two different ranks")
-        return self.dimensions[d].latency
+        return self.dimensions[d].alpha(protocol)
 
     # -- whole-network facts -------------------------------------------------------------
 
@@ -220,7 +281,7 @@ class Topology:
             "ranks": self.nranks,
             "dimensions": [
                 {"name": self.dim_name(d), "size": dim.size, "kind": dim.kind,
-                 "bandwidth": dim.bandwidth, "latency": dim.latency}
+                 "bandwidth": dim.bandwidth, "latency": dim.latency_document()}
                 for d, dim in enumerate(self.dimensions)
             ],
             **({"reduce_bandwidth": self.reduce_bandwidth} if self.reduce_bandwidth else {}),
@@ -235,7 +296,7 @@ class Topology:
             doc["reduce_bandwidth"] = self.reduce_bandwidth
         doc["dimensions"] = [
             {**({"name": dim.name} if dim.name else {}), "size": dim.size, "kind": dim.kind,
-             "bandwidth": dim.bandwidth, "latency": dim.latency}
+             "bandwidth": dim.bandwidth, "latency": dim.latency_document()}
             for dim in self.dimensions
         ]
         return doc
@@ -281,7 +342,9 @@ def load_topology(spec: str | Path) -> Topology:
 
 
 def _nvswitch_ib(nodes: int, name: str) -> Topology:
-    return Topology((Dimension(8, "switch", 300.0, 1.0, "nvlink"), Dimension(nodes, "switch", 50.0, 5.0, "ib")), name=name)
+    """Nodes of 8 H100s on NVSwitch joined by a 400 Gb/s NIC per GPU, at NCCL's per-protocol latencies."""
+    return Topology((Dimension(8, "switch", 300.0, NVLINK, "nvlink"), Dimension(nodes, "switch", 50.0, NETWORK, "ib")),
+                    name=name)
 
 
 def _presets() -> dict[str, Topology]:
@@ -293,8 +356,9 @@ def _presets() -> dict[str, Topology]:
                                    Dimension(4, "ring", 50.0, 2.0, "z")), name="torus-4x4x4")
     out["ring-fc-switch-2x8x4"] = Topology((Dimension(2, "ring", 200.0, 0.05, "ring"), Dimension(8, "switch", 100.0, 0.5, "fc"),
                                             Dimension(4, "switch", 50.0, 2.0, "switch")), name="ring-fc-switch-2x8x4")
-    out["pod-8x4x8x4"] = Topology((Dimension(8, "switch", 300.0, 1.0, "nvlink"), Dimension(4, "switch", 50.0, 3.0, "leaf"),
-                                   Dimension(8, "switch", 25.0, 5.0, "spine"), Dimension(4, "ring", 12.5, 10.0, "dc")), name="pod-8x4x8x4")
+    out["pod-8x4x8x4"] = Topology((Dimension(8, "switch", 300.0, NVLINK, "nvlink"), Dimension(4, "switch", 50.0, NETWORK, "leaf"),
+                                   Dimension(8, "switch", 25.0, NETWORK, "spine"), Dimension(4, "ring", 12.5, NETWORK, "dc")),
+                                  name="pod-8x4x8x4")
     return out
 
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.topology import NETWORK, NVLINK, PCIE, Dimension, Topology
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("HIPIPE_SHARED_DIR", REPO.parent / "shared"))
@@ -53,6 +53,10 @@ def real_xml_files() -> list[Path]:
     return sorted(root.glob("*/*.xml")) if root.exists() else []
 
 
+#: Per-protocol latencies (cost-model.md 1): NCCL's for NVLink, PCIe and the network.
+PER_PROTOCOL = (NVLINK, PCIE, NETWORK)
+
+
 @st.composite
 def topologies(draw, max_dims: int = 4, max_ranks: int = 64, min_size: int = 2, max_size: int = 16) -> Topology:
     """Random hierarchical topologies: 1-4 dimensions, sizes 2-16 (odd ones too), both kinds,
@@ -69,7 +73,7 @@ def topologies(draw, max_dims: int = 4, max_ranks: int = 64, min_size: int = 2, 
         dims.append(Dimension(
             size=size, kind=draw(st.sampled_from(["ring", "switch"])),
             bandwidth=draw(st.sampled_from([12.5, 25.0, 50.0, 100.0, 200.0, 300.0])),
-            latency=draw(st.sampled_from([0.0, 0.05, 0.5, 1.0, 5.0])),
+            latency=draw(st.one_of(st.sampled_from([0.0, 0.05, 0.5, 1.0, 5.0]), st.sampled_from(PER_PROTOCOL))),
             name=f"d{d}",
         ))
     assert math.prod(d.size for d in dims) <= max_ranks

@@ -9,6 +9,7 @@ from hipipe_compiler.msccl.program import PROTOCOLS
 from hipipe_compiler.schedule import ChunkPlan, Plan, check_plan
 from hipipe_compiler.schedule.baselines import auto_layouts
 from hipipe_compiler.schedule.plan import chunk_stages
+from hipipe_compiler.schedule.trees import nccl_tree_fits
 
 from conftest import topologies
 
@@ -24,10 +25,13 @@ def plans(draw, max_ranks: int = 32, max_chunks: int = 4) -> Plan:
     naxes = 1 if flat else topo.ndims
     sizes = [topo.nranks] if flat else [d.size for d in topo.dimensions]
     algorithms = []
+    # NCCL's tree over every rank needs links between the nodes' first ranks: switches outside
+    trees_legal = nccl_tree_fits(topo)
     for a in range(naxes):
         can_direct = sizes[a] == 2 or (not flat and topo.dimensions[a].kind == "switch")
         oneshot = ["oneshot"] if coll == "allreduce" and not flat else []
-        choices = (["ring", "bidir", "direct"] if can_direct else ["ring", "bidir"]) + oneshot
+        tree = ["tree"] if coll == "allreduce" and (trees_legal if flat else can_direct) else []
+        choices = (["ring", "bidir", "direct"] if can_direct else ["ring", "bidir"]) + oneshot + tree
         algorithms.append(draw(st.sampled_from(choices)))
     nchunks = draw(st.integers(1, max_chunks))
     chunks = []

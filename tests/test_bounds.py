@@ -38,8 +38,10 @@ def test_reference_table_at_other_sizes():
 
 
 def test_latency_bound_follows_the_link_rule():
-    # a switch dimension reaches every rank below it in one message: one IB hop from anywhere
-    assert latency_bound_us(preset("dgx-h100-8x4")) == 5.0
+    # a switch dimension reaches every rank below it in one message: one IB hop from anywhere,
+    # at the fastest protocol's alpha (LL: 2.7 us by NCCL's estimate)
+    assert latency_bound_us(preset("dgx-h100-8x4")) == 2.7
+    assert latency_bound_us(Topology((Dimension(8, "switch", 300, 1.0), Dimension(4, "switch", 50, 5.0)))) == 5.0
     # rings: alpha times the hops to the farthest neighbour, per dimension
     assert latency_bound_us(preset("torus-4x4")) == pytest.approx(2.0)
     assert latency_bound_us(preset("torus-4x4x4")) == pytest.approx(0.05 * 2 + 0.5 * 2 + 2 * 2)
@@ -60,8 +62,9 @@ def shortest_path_latency(topology: Topology) -> float:
             continue
         done.add(u)
         for v in range(topology.nranks):
-            if v != u and topology.has_link(u, v) and d + topology.link_latency(u, v) < dist.get(v, math.inf):
-                dist[v] = d + topology.link_latency(u, v)
+            alpha = min(topology.link_latency(u, v, p) for p in ("LL", "LL128", "Simple")) if u != v else 0.0
+            if v != u and topology.has_link(u, v) and d + alpha < dist.get(v, math.inf):
+                dist[v] = d + alpha
                 heapq.heappush(heap, (dist[v], v))
     return max(dist.values())
 
@@ -80,7 +83,7 @@ def test_a_switch_pair_that_agrees_outside_may_leave_and_come_back():
 def test_bound_is_the_larger_part():
     c1 = preset("dgx-h100-8x4")
     small = lower_bound(c1, "allreduce", 1 << 10)
-    assert small.total_us == small.latency_us == 5.0
+    assert small.total_us == small.latency_us == 2.7
     assert lower_bound_us(c1, "allreduce", GIB) == pytest.approx(5943.93, abs=0.01)
     assert lower_bound(c1, "alltoall", GIB) is None
 

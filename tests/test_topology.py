@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.topology import PRESETS, Dimension, Topology, load_topology, preset
+from hipipe_compiler.topology import NETWORK, PRESETS, Dimension, Topology, load_topology, preset, topology_from_document
 
 from conftest import SAMPLES, topologies
 
@@ -67,7 +67,8 @@ def test_link_rule_examples():
     assert not torus.has_link(0, 5)  # diagonal
     dgx = preset("dgx-h100-8x4")
     assert dgx.has_link(0, 13)  # rail-connected fabric reaches any rank of another node
-    assert dgx.link_latency(0, 13) == 5.0 and dgx.link_latency(0, 7) == 1.0
+    assert dgx.link_latency(0, 13) == 14.0 and dgx.link_latency(0, 7) == 3.4  # Simple, NCCL's estimates
+    assert dgx.link_latency(0, 13, "LL") == 2.7 and dgx.link_latency(0, 7, "LL128") == 1.9
 
 
 @given(topologies(max_ranks=256))
@@ -150,3 +151,40 @@ def test_dimension_rejects_bad_values_directly():
         Dimension(4, "ring", float("nan"), 1.0)
     with pytest.raises(InputError):
         Topology(())
+
+
+def test_latency_per_protocol_reads_and_writes_back(tmp_path):
+    path = tmp_path / "c1p.yaml"
+    path.write_text("dimensions:\n"
+                    "  - {name: nvlink, size: 8, kind: switch, bandwidth: 300, latency: {LL: 0.6, LL128: 1.9, Simple: 3.4}}\n"
+                    "  - {name: ib, size: 4, kind: switch, bandwidth: 50, latency: 5}\n")
+    topo = load_topology(path)
+    assert [d.alpha("LL") for d in topo.dimensions] == [0.6, 5]
+    assert [d.alpha("Simple") for d in topo.dimensions] == [3.4, 5]
+    assert topo.dimensions[0].min_alpha == 0.6 and topo.dimensions[0].per_protocol and not topo.dimensions[1].per_protocol
+    again = topology_from_document(topo.to_document())
+    assert again == topo and hash(again) == hash(topo)
+
+
+@pytest.mark.parametrize("latency,field,words", [
+    ("{LL: 0.6, Simple: 3.4}", "dimensions[0].latency.LL128", "missing"),
+    ("{LL: 0.6, LL128: 1.9, Simple: 3.4, Fast: 0.1}", "dimensions[0].latency", "unknown field 'Fast'"),
+    ("{LL: -1, LL128: 1.9, Simple: 3.4}", "dimensions[0].latency.LL", ">= 0"),
+    ("{LL: .nan, LL128: 1.9, Simple: 3.4}", "dimensions[0].latency.LL", ">= 0"),
+    (".nan", "dimensions[0].latency", ">= 0"),
+    ("fast", "dimensions[0].latency", "number"),
+])
+def test_bad_latencies_name_the_field(tmp_path, latency, field, words):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"dimensions:\n  - {{size: 8, kind: switch, bandwidth: 300, latency: {latency}}}\n")
+    with pytest.raises(InputError) as exc:
+        load_topology(path)
+    assert exc.value.field == field and words in exc.value.message, str(exc.value)
+
+
+def test_presets_of_real_machines_carry_nccls_latencies():
+    for name in ("dgx-h100-8x4", "dgx-h100-8x16", "pod-8x4x8x4"):
+        assert all(d.per_protocol for d in preset(name).dimensions), name
+    assert preset("dgx-h100-8x4").dimensions[1].latency == NETWORK
+    for name in ("torus-4x4", "torus-4x4x4", "ring-fc-switch-2x8x4"):  # the scalar grid's shapes stay scalar
+        assert not any(d.per_protocol for d in preset(name).dimensions), name

@@ -19,6 +19,25 @@ from .ops import Op
 from .segments import channel_bases, op_segments, role_cuts, threadblock_keys
 
 
+@dataclass(frozen=True)
+class _Frame:
+    """A rank's threadblocks: its (role, segment) pairs in order, the threadblock of each
+    role's segments, and (threadblock, the role's previous segment's) pairs, chained in order."""
+
+    keys: list[tuple[int, int]]
+    role_tbs: list[dict[int, int]]
+    chains: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, keys: list[tuple[int, int]], nroles: int) -> "_Frame":
+        role_tbs: list[dict[int, int]] = [{} for _ in range(nroles)]
+        for t, (role, seg) in enumerate(keys):
+            role_tbs[role][seg] = t
+        chains = [(t, role_tbs[role][seg - 1]) for t, (role, seg) in enumerate(keys)
+                  if seg > 0 and seg - 1 in role_tbs[role]]
+        return cls(keys, role_tbs, chains)
+
+
 @dataclass(slots=True)
 class _Unit:
     """A step-to-be: one op, or a receive fused with the send after it."""
@@ -49,19 +68,17 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
             f"the plan needs {nchannels} channels (threadblocks are split over channels to stay within "
             f"{limits.max_steps} steps each); the runtime allows {limits.max_channels}; use fewer chunks or lanes")
 
-    # threadblock keys in a fixed order: (role, segment)
+    # each rank's threadblocks: its (role, segment) pairs in a fixed order (ranks of a tree
+    # differ: a leaf has no children to talk to)
     per_rank_segs = [op_segments(ops, role_cuts(gen, cuts)) for ops in per_rank_ops]
-    tb_keys: list[tuple[int, int]] = sorted(threadblock_keys(per_rank_ops[0], per_rank_segs[0]))
-    if any(threadblock_keys(ops, segs) != set(tb_keys) for ops, segs in zip(per_rank_ops[1:], per_rank_segs[1:])):
-        raise PlanError("internal error: ranks disagree on their threadblocks")
-    ntb = len(tb_keys)
-    check_threadblocks(ntb, limits)
-    role_tbs: list[dict[int, int]] = [{} for _ in gen.roles]  # role -> segment -> threadblock
-    for t, (role, seg) in enumerate(tb_keys):
-        role_tbs[role][seg] = t
-    # (threadblock of a segment, threadblock of the role's previous segment): chained in order
-    chains = [(t, role_tbs[role][seg - 1]) for t, (role, seg) in enumerate(tb_keys)
-              if seg > 0 and seg - 1 in role_tbs[role]]
+    frames: dict[frozenset[tuple[int, int]], _Frame] = {}
+    rank_frames: list[_Frame] = []
+    for ops, segs in zip(per_rank_ops, per_rank_segs):
+        keys = frozenset(threadblock_keys(ops, segs))
+        if keys not in frames:
+            frames[keys] = _Frame.of(sorted(keys), len(gen.roles))
+        rank_frames.append(frames[keys])
+    check_threadblocks(max(len(f.keys) for f in frames.values()), limits)
 
     overflow: dict[tuple[int, int], int] = {}
     layouts: list[Layout] = []
@@ -72,14 +89,15 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
         slot_offset = slot_mapper(plan, rank)[1]
         # a rank that runs the first rank's schedule (its offsets aside) gets the same layout
         schedule = schedule_signature(ops, raw[index])
+        frame = rank_frames[index]
         if index == 0 and first and first[0][0] == cuts:
             layout = first[0][1]
         elif shared is not None and shared[0] == schedule:
             layout = shared[1]
         else:
-            tb_of_op = [role_tbs[op.role][g] for op, g in zip(ops, per_rank_segs[index])]
-            graph = _unit_graph(ops, tb_of_op, raw[index], ntb, chains)
-            layout = _layout(graph, _prune(graph, ntb), len(ops))
+            tb_of_op = [frame.role_tbs[op.role][g] for op, g in zip(ops, per_rank_segs[index])]
+            graph = _unit_graph(ops, tb_of_op, raw[index], len(frame.keys), frame.chains)
+            layout = _layout(graph, _prune(graph, len(frame.keys)), len(ops))
             if index == 0 and first is not None:
                 first[:] = [(cuts, layout)]
         if index == 0:
@@ -87,7 +105,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
         layouts.append(layout)
         for t, length in enumerate(layout.tb_steps):
             if length > limits.max_steps:
-                role = gen.roles[tb_keys[t][0]]
+                role = gen.roles[frame.keys[t][0]]
                 key = (role.axis, role.lane)
                 overflow[key] = max(overflow.get(key, 0), length - limits.max_steps)
         scratch.append(max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
@@ -97,7 +115,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
                             f"so at most {limits.max_offset + 1}; use fewer or smaller chunks")
     nops_per_op = [layout.nops for layout in layouts]
     if not overflow:
-        check_nodes(nranks, max(ntb + sum(layout.tb_steps) for layout in layouts), limits)
+        check_nodes(nranks, max(len(f.keys) + sum(layout.tb_steps) for f, layout in zip(rank_frames, layouts)), limits)
     if overflow or not build:
         return None, overflow, nops_per_op
 
@@ -106,7 +124,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
     for index, (rank, layout) in enumerate(zip(ranks, layouts)):
         tb_steps = _steps(layout, per_rank_ops[index], slot_mapper(plan, rank)[1])
         tbs = []
-        for t, (role_idx, seg) in enumerate(tb_keys):
+        for t, (role_idx, seg) in enumerate(rank_frames[index].keys):
             role = gen.roles[role_idx]
             axis = gen.axes[role.axis] if role.axis >= 0 else None
             send, recv = role.peers(axis, rank)

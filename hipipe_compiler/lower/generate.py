@@ -11,7 +11,7 @@ from functools import lru_cache
 from ..msccl.runtime import Limits, piece_count
 from ..schedule.estimate import events
 from ..schedule.plan import Plan, Stage, ring_axis, stage_algorithm
-from .ops import Axis, Op, Role
+from .ops import TREE_ROLES, Axis, Op, Role
 
 
 class _Cells:
@@ -186,7 +186,9 @@ class Generator:
         alg = stage_algorithm(plan, st)
         blocks = [self.block_pieces(k, st.depth, prefix, v, origin, fused, alg in ("ring", "bidir")) for v in range(n)]
         lane = chunk.lane_of(j)
-        if alg == "oneshot" and ring:
+        if alg == "tree":
+            self._tree(ops, x, e, n, k, st, prefix, origin, lane, 0 if chunk.direction == 1 else 1)
+        elif alg == "oneshot" and ring:
             self._ring_oneshot(ops, e, n, k, st, prefix, origin, fused, lane, chunk.direction)
         elif alg == "oneshot":
             self._oneshot(ops, e, n, k, st, prefix, origin, fused, lane)
@@ -266,6 +268,30 @@ class Generator:
                 ops.append(Op(recv_roles[0], (e, i, 1), "cpy", (inp, start), ("o", start), cnt))
             for delta in range(1, n):
                 ops.append(Op(recv_roles[delta - 1], (e, i, 1), "re", ("s", self.scratch(delta - 1, start)), ("o", start), cnt))
+
+    def _tree(self, ops: list[Op], x: int, e: int, n: int, k: int, st: Stage, prefix: tuple[int, ...],
+              origin: tuple[int, ...], lane: int, tree: int) -> None:
+        """All-reduce of the owned range over a tree, piece by piece: each rank reduces its
+        children's partial sums into its own and sends the result to its parent (round 0);
+        the root's total then flows back down, each rank passing it on to its children
+        (round 1). Each link's upward and downward traffic run on threadblocks of their own,
+        so the next piece climbs while the last one comes down; tree 1 runs on lanes (and
+        channels) apart from tree 0's, as a both-way ring's other direction does."""
+        axis = self.axes[st.axis]
+        parent, children = axis.tree_links(x, tree)
+        lane = lane if tree == 0 else -1 - lane  # the trees share links (the chains)
+        base = tree * TREE_ROLES
+        inp, own = self.rs_input(st.depth), "o"
+        for i, (start, cnt) in enumerate(self._owned_pieces(n, k, st, prefix, origin, False, False)):
+            for c in range(len(children)):
+                role = self.role(st.axis, lane, "tree", base + 1 + c, "recv")
+                ops.append(Op(role, (e, i, 0), "rrc", (inp if c == 0 else own, start), (own, start), cnt))
+            if parent >= 0:
+                ops.append(Op(self.role(st.axis, lane, "tree", base, "send"), (e, i, 0), "s",
+                              (own if children else inp, start), None, cnt))
+                ops.append(Op(self.role(st.axis, lane, "tree", base, "recv"), (e, i, 1), "r", None, (own, start), cnt))
+            for c in range(len(children)):
+                ops.append(Op(self.role(st.axis, lane, "tree", base + 1 + c, "send"), (e, i, 1), "s", (own, start), None, cnt))
 
     def _owned_pieces(self, n: int, k: int, st: Stage, prefix: tuple[int, ...], origin: tuple[int, ...],
                       fused: bool, ring: bool) -> list[tuple[int, int]]:

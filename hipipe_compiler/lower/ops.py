@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..schedule.trees import binary_tree, nccl_tree
 from ..topology import Topology
+
+#: Roles per tree: the link to the parent and one per child (NCCL's tree has up to three).
+TREE_ROLES = 4
 
 
 class Axis:
@@ -32,6 +36,17 @@ class Axis:
             return self.cycle[pos]
         return self.topology.shift(rank, self.index, pos - self.topology.coord(rank, self.index))
 
+    def tree_links(self, rank: int, tree: int) -> tuple[int, tuple[int, ...]]:
+        """(parent or -1, children) of a rank in tree 0 or 1 of this axis: NCCL's tree over
+        every rank on a flat axis, a binary tree over the positions of a dimension."""
+        if self.flat:
+            parent, children = nccl_tree(self.topology, tree)
+            return parent[rank], children[rank]
+        parent, children = binary_tree(self.size, tree)
+        p = self.pos(rank)
+        up = parent[p]
+        return (self.member(rank, up) if up >= 0 else -1), tuple(self.member(rank, c) for c in children[p])
+
 
 @dataclass(slots=True)
 class Op:
@@ -54,13 +69,18 @@ class Role:
 
     axis: int  # -1 for local work
     lane: int
-    algorithm: str  # ring, direct, local
-    offset: int  # ring direction, or peer offset for direct
+    algorithm: str  # ring, direct, tree, local
+    offset: int  # ring direction, peer offset for direct, tree and relation for a tree
     side: str  # both, send, recv, local
 
     def peers(self, axis: Axis | None, rank: int) -> tuple[int, int]:
         if axis is None:
             return -1, -1
+        if self.algorithm == "tree":  # offset: tree * TREE_ROLES + (0: the parent, 1 + i: child i)
+            tree, relation = divmod(self.offset, TREE_ROLES)
+            parent, children = axis.tree_links(rank, tree)
+            peer = parent if relation == 0 else children[relation - 1]
+            return (peer, -1) if self.side == "send" else (-1, peer)
         p = axis.pos(rank)
         if self.algorithm == "ring":
             send, recv = axis.member(rank, p + self.offset), axis.member(rank, p - self.offset)

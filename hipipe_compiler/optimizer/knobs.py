@@ -45,6 +45,7 @@ class Knobs:
     bidir: bool = False  # rings reduce each block along both directions at once (n // 2 latencies, not n - 1)
     spread: int = 1  # stages on the highest-latency dimension take this many lane groups in turn (chunk by
     # chunk), so more of its messages are in flight to cover the latency of each
+    tree: bool = False  # switch dimensions all-reduce over two complementary binary trees (2 log2 n latencies)
 
     @property
     def label(self) -> str:
@@ -75,6 +76,8 @@ class Knobs:
             parts.append("bd")
         if self.spread > 1:
             parts.append(f"s{self.spread}")
+        if self.tree:
+            parts.append("tree")
         if self.protocol != "Simple":
             parts.append(self.protocol)
         return "-".join(parts)
@@ -201,6 +204,8 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
         algs = tuple("bidir" if a == "ring" else a for a in algs)
     if knobs.oneshot and collective == "allreduce":
         algs = tuple("oneshot" for _ in algs)
+    elif knobs.tree and collective == "allreduce":
+        algs = tuple("tree" if d.kind == "switch" and d.size > 2 else a for d, a in zip(topology.dimensions, algs))
     dirs = (1, -1) if needs_both_directions(topology, False, algs) else (1,)
     per_chunk = _ramped(_chunk_orders(_orders(topology, collective, knobs), knobs.chunks, knobs.arrange), knobs.ramp)
     pieces = [(order, share / len(dirs), d) for order, share in per_chunk for d in dirs]
@@ -220,8 +225,8 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
         lane_of = [i // len(dirs) % knobs.lanes for i in range(len(pieces))]
         nlanes = knobs.lanes
     units = _round_by_order([(order, share) for order, share, _d in pieces], total_units, knobs.tilt)
-    alpha = max(d.latency for d in topology.dimensions)
-    slow = frozenset(a for a, d in enumerate(topology.dimensions) if d.latency == alpha)
+    alpha = max(d.alpha(knobs.protocol) for d in topology.dimensions)
+    slow = frozenset(a for a, d in enumerate(topology.dimensions) if d.alpha(knobs.protocol) == alpha)
     chunks = tuple(ChunkPlan(u, order, d, lane_of[i], _stage_lanes(collective, order, lane_of[i], knobs, nlanes,
                                                                    i // len(dirs), slow))
                    for i, (u, (order, _share, d)) in enumerate(zip(units, pieces)))

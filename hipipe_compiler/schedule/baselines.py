@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable, Sequence
 
-from ..errors import InputError
+from ..errors import InputError, PlanError
 from ..msccl.runtime import piece_count
 from ..topology import Topology
 from .plan import RING_ALGORITHMS, ChunkPlan, Plan, check_plan, largest_blocks
+from .trees import nccl_tree_fits
 
 
 #: Switch dimensions up to this size use direct exchange by default; larger ones a ring.
@@ -59,11 +60,12 @@ def bandwidth_order(topology: Topology) -> tuple[int, ...]:
 
 def needs_both_directions(topology: Topology, flat: bool, algorithms: Sequence[str]) -> bool:
     """Whether chunks come in pairs, one per ring direction: some ring of more than two ranks
-    runs a ring algorithm, or one-shot (whose other stages run as rings); a flat ring uses
-    one direction."""
+    runs a ring algorithm, or one-shot (whose other stages run as rings), or an axis runs a
+    tree (the pair takes the two complementary trees); a flat ring uses one direction."""
     if flat:
-        return False
-    return any(d.uses_both_directions and alg in (*RING_ALGORITHMS, "oneshot") for d, alg in zip(topology.dimensions, algorithms))
+        return tuple(algorithms) == ("tree",)
+    return any((d.uses_both_directions and alg in (*RING_ALGORITHMS, "oneshot")) or alg == "tree"
+               for d, alg in zip(topology.dimensions, algorithms))
 
 
 def uniform_chunks(k: int, orders: Sequence[tuple[int, ...]], both_directions: bool, lanes: int = 1) -> tuple[ChunkPlan, ...]:
@@ -136,6 +138,34 @@ def ring_plan(
         min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,
         label=label or ("ring" if chunks == 1 else f"ring-k{chunks}"),
         name=f"{collective}-ring-k{chunks}-{topology.label}",
+    )
+    check_plan(plan)
+    return plan
+
+
+def tree_plan(
+    topology: Topology,
+    collective: str = "allreduce",
+    chunks: int = 1,
+    protocol: str = "Simple",
+    min_bytes: int = 0,
+    max_bytes: int = 0,
+    nominal_bytes: int = 0,
+    label: str = "",
+) -> Plan:
+    """NCCL's tree all-reduce: a chain through each node's GPUs and NCCL's double binary tree
+    across the nodes (schedule/trees.py), `chunks` pairs of chunks, one per tree, reduced up
+    and broadcast back down. Latency-bound: 2 (chain + log2 nodes) hops, the whole buffer
+    over every link of the trees."""
+    if chunks < 1:
+        raise InputError(None, "chunks", f"expected an integer >= 1, got {chunks}")
+    if not nccl_tree_fits(topology):
+        raise PlanError(f"NCCL's tree needs links {topology.label} lacks: its outer dimensions must be switches")
+    plan_chunks = tuple(ChunkPlan(1, (0,), d, 0) for _ in range(chunks) for d in (1, -1))
+    plan = Plan(
+        topology=topology, collective=collective, chunks=plan_chunks, algorithms=("tree",), layouts=("split",),
+        protocol=protocol, flat=True, min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,
+        label=label or f"nccl-tree-{protocol}", name=f"{collective}-nccl-tree-k{chunks}-{topology.label}",
     )
     check_plan(plan)
     return plan

@@ -15,6 +15,7 @@ import heapq
 
 from ..msccl.runtime import WIRE_EFFICIENCY
 from .plan import RING_ALGORITHMS, Plan, Stage, ring_axis, stage_algorithm, stage_bytes
+from .trees import stage_tree, tree_depth
 
 
 def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
@@ -22,17 +23,20 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
     data = stage_bytes(plan, k, stage, nbytes)
     n = plan.axis_size(stage.axis)
     if plan.flat:
-        alpha = max(d.latency for d in plan.topology.dimensions)
+        alpha = max(d.alpha(plan.protocol) for d in plan.topology.dimensions)
         bw = min(d.bandwidth / (2 if d.uses_both_directions else 1) for d in plan.topology.dimensions)
     else:
         dim = plan.topology.dimensions[stage.axis]
-        alpha = dim.latency
+        alpha = dim.alpha(plan.protocol)
         bw = dim.bandwidth / (2 if dim.uses_both_directions else 1)
     bpus = bw * 1e3  # bytes per microsecond
     alg = stage_algorithm(plan, stage)
     if alg == "oneshot":
         # switch: one exchange; ring: n // 2 flooding rounds, each link carrying half the copies
         return (n // 2 if ring_axis(plan, stage.axis) else 1) * alpha + (n - 1) * data / bpus
+    if alg == "tree":  # up to the root and back down; each rank's data once each way
+        depth = tree_depth(stage_tree(plan, stage.axis, plan.chunks[k].direction)[0])
+        return 2 * depth * alpha + 2 * data / bpus
     if alg == "ring":
         one = (n - 1) * (alpha + data / n / bpus)
     elif alg == "bidir":  # the longer chain's latencies; the two directions' links share the bytes
@@ -56,7 +60,8 @@ def time_floor_us(plan: Plan, nbytes: float) -> float:
     """
     topo = plan.topology
     # a flat ring's links lie in any dimension: it gets the fastest latency and all of them
-    alphas = [min(d.latency for d in topo.dimensions)] if plan.flat else [d.latency for d in topo.dimensions]
+    alphas = ([min(d.alpha(plan.protocol) for d in topo.dimensions)] if plan.flat
+              else [d.alpha(plan.protocol) for d in topo.dimensions])
     capacity = [sum(d.bandwidth for d in topo.dimensions)] if plan.flat else [d.bandwidth for d in topo.dimensions]
     wire = [0.0] * len(capacity)
     chain = 0.0
@@ -68,6 +73,8 @@ def time_floor_us(plan: Plan, nbytes: float) -> float:
             alg = stage_algorithm(plan, st)
             if alg == "oneshot":  # every rank's block reaches n - 1 peers
                 sent, hops = (n - 1) * data, (n // 2 if ring_axis(plan, st.axis) else 1)
+            elif alg == "tree":  # every rank but the root sends its data up, the root sends it down
+                sent, hops = data, 2 * tree_depth(stage_tree(plan, st.axis, plan.chunks[k].direction)[0])
             else:
                 passes = 2 if st.kind == "ar" else 1
                 sent, hops = passes * (n - 1) / n * data, passes * {"ring": n - 1, "bidir": n // 2}.get(alg, 1)

@@ -26,13 +26,18 @@ from ..errors import InputError, PlanError
 from ..msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from ..topology import Topology
 
-Algorithm = Literal["ring", "bidir", "direct", "oneshot"]
+Algorithm = Literal["ring", "bidir", "direct", "oneshot", "tree"]
 #: Algorithms inside one axis: a ring (n-1 steps), a ring run both ways at once (each block
 #: reduced along two chains that meet at its owner: n // 2 steps, the same bytes per link),
 #: direct exchange with every peer (one step per reduce-scatter or all-gather), or one-shot
 #: (the last axis's reduce-scatter and all-gather replaced by sending the whole block to every
-#: peer: one latency, n-1 times the bytes).
-ALGORITHMS: tuple[str, ...] = ("ring", "bidir", "direct", "oneshot")
+#: peer: one latency, n-1 times the bytes), or tree (the last axis's all-reduce as a reduce up
+#: a binary tree and a broadcast back down, the two ring directions' chunks on complementary
+#: trees: 2 log2(n) latencies; on a flat plan NCCL's own chain-and-double-binary-tree).
+ALGORITHMS: tuple[str, ...] = ("ring", "bidir", "direct", "oneshot", "tree")
+#: Algorithms that run only an all-reduce stage their own way (their axis's other stages run
+#: as both-way rings, or directly on a switch).
+ALLREDUCE_ONLY: tuple[str, ...] = ("oneshot", "tree")
 #: Algorithms that move data around a ring, one neighbour at a time.
 RING_ALGORITHMS: tuple[str, ...] = ("ring", "bidir")
 Layout = Literal["fused", "split"]
@@ -159,8 +164,10 @@ def check_plan(plan: Plan) -> None:
                 raise PlanError(f"axis {a}: direct exchange needs a switch dimension; a ring only links neighbours")
         if alg == "oneshot" and plan.flat:
             raise PlanError("a flat ring has no one-shot exchange")
-        if alg == "oneshot" and plan.collective != "allreduce":
-            raise PlanError(f"axis {a}: one-shot exchange is an all-reduce of the last axis; {plan.collective} has none")
+        if alg in ALLREDUCE_ONLY and plan.collective != "allreduce":
+            raise PlanError(f"axis {a}: {alg} is an all-reduce of the last axis; {plan.collective} has none")
+        if alg == "tree" and not plan.flat and plan.axis_size(a) > 3 and plan.topology.dimensions[a].kind == "ring":
+            raise PlanError(f"axis {a}: a tree needs a switch dimension; a ring only links neighbours")
     for k, c in enumerate(plan.chunks):
         if c.units < 1:
             raise PlanError(f"chunk {k}: units must be >= 1")
@@ -194,11 +201,14 @@ def ring_axis(plan: Plan, axis: int) -> bool:
 
 def stage_algorithm(plan: Plan, stage: Stage) -> str:
     """How a stage runs: its axis's algorithm, except that an axis of two ranks is one direct
-    exchange, and a one-shot axis runs only its all-reduce stage in one shot (its other
-    stages run as both-way rings, or directly on a switch)."""
+    exchange (a flat tree keeps its shape), and one-shot and tree axes run only their
+    all-reduce stage their own way (their other stages run as both-way rings, or directly on
+    a switch)."""
     alg = plan.algorithms[stage.axis]
-    if alg == "oneshot":
-        return "oneshot" if stage.kind == "ar" else ("bidir" if ring_axis(plan, stage.axis) else "direct")
+    if alg in ALLREDUCE_ONLY and stage.kind != "ar":
+        return "bidir" if ring_axis(plan, stage.axis) else "direct"
+    if plan.flat and alg == "tree":
+        return alg
     return alg if plan.axis_size(stage.axis) > 2 else "direct"
 
 
@@ -223,7 +233,7 @@ def largest_blocks(topology: Topology, flat: bool, chunks: Sequence[ChunkPlan], 
     for c in chunks:
         for depth, a in enumerate(c.order):
             cells = c.units * math.prod(size(b) for b in c.order[depth + 1:])
-            if algorithms[a] == "oneshot" and depth == len(c.order) - 1:
+            if algorithms[a] in ALLREDUCE_ONLY and depth == len(c.order) - 1:
                 cells *= size(a)  # the whole owned range goes in one message
             largest[a] = max(largest[a], cells)
     return largest

@@ -349,7 +349,7 @@ class _Simulator:
             resources = tuple(r for r, _cap in res)
             for r, cap in res:
                 self.capacity[r] = cap * 1e3  # bytes per microsecond
-            self.link_cache[key] = (resources, d, self.topology.dimensions[d].latency)
+            self.link_cache[key] = (resources, d, self.topology.dimensions[d].alpha(self.program.protocol))
         return self.link_cache[key]
 
     def send_message(self, tb: _Tb, st: Step, conn: tuple) -> None:

@@ -4,7 +4,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import PlanError
@@ -12,7 +12,12 @@ from hipipe_compiler.lower import lower, lowering_key, same_schedule
 from hipipe_compiler.msccl import Limits
 from hipipe_compiler.msccl.runtime import piece_count
 from hipipe_compiler.msccl.verify import verify
+from hipipe_compiler.optimizer import Knobs
+from hipipe_compiler.optimizer import build_plan as hipipe_build
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
+from hipipe_compiler.schedule.baselines import tree_plan
+from hipipe_compiler.schedule.trees import nccl_tree, nccl_tree_fits
+from hipipe_compiler.sim import simulate
 from hipipe_compiler.topology import preset
 
 from conftest import COLLECTIVES, examples, topologies
@@ -281,3 +286,29 @@ def test_ranks_with_rank_0s_operations_get_rank_0s_program_shifted(plan):
     except PlanError:
         return
     assert symmetric(program, plan.topology) or not same_schedule(plan, probes)
+
+
+@given(topologies(max_ranks=32), st.integers(1, 3), st.sampled_from(["LL", "LL128", "Simple"]),
+       st.sampled_from([64 << 10, 1 << 20, 64 << 20]))
+def test_nccls_tree_verifies_where_its_links_exist(topo, chunks, protocol, size):
+    """A chain through each node, a double binary tree across the nodes' first ranks: ranks
+    differ in their threadblocks (a leaf has no children), and each program still verifies."""
+    assume(nccl_tree_fits(topo))
+    program = lower(tree_plan(topo, "allreduce", chunks, protocol, max_bytes=size))
+    report = verify(program)
+    assert report.ok, report.violations[:3]
+    counts = {len(g.threadblocks) for g in program.gpus}
+    assert len(counts) > 1 or topo.nranks <= 2 or len({len(c) for c in (nccl_tree(topo, 0)[1])}) == 1
+    assert simulate(program, topo, size).time_us > 0
+
+
+@given(topologies(max_ranks=64), st.integers(1, 4), st.sampled_from(["LL", "Simple"]))
+def test_hipipe_trees_verify_over_switch_dimensions(topo, chunks, protocol):
+    assume(any(d.kind == "switch" and d.size > 2 for d in topo.dimensions))
+    plan = hipipe_build(topo, "allreduce", 1 << 20, 1 << 20, Knobs(chunks, ag_lane=True, tree=True, protocol=protocol))
+    assert "tree" in plan.algorithms
+    try:
+        program = lower(plan)
+    except PlanError:
+        return
+    assert verify(program).ok

@@ -170,9 +170,19 @@ def test_halving_every_bandwidth_never_makes_a_program_faster(topo, coll, chunks
 def test_reference_values_of_the_unpipelined_hierarchical_all_reduce():
     """algorithms.md 6.2 'hierSeq': one chunk, fastest dimension first, with a single
     iteration it is exactly the sum of the four stages."""
-    c1 = preset("dgx-h100-8x4")
+    c1 = Topology((Dimension(8, "switch", 300, 1.0), Dimension(4, "switch", 50, 5.0)))  # C1
     result = simulate(lower(hierarchical_plan(c1, max_bytes=1 << 20)), c1, 1 << 20)
     assert result.time_us == pytest.approx(22.05, abs=0.01)
+
+
+@pytest.mark.parametrize("protocol,alphas", [("LL", 0.6 + 2 * 2.7 + 0.6), ("LL128", 1.9 + 2 * 4.0 + 1.9),
+                                              ("Simple", 3.4 + 2 * 14.0 + 3.4)])
+def test_a_message_waits_the_alpha_of_the_programs_protocol(protocol, alphas):
+    """On C1p one byte per rank pays only latencies: reduce-scatter on NVLink, an IB all-reduce
+    (two exchanges), all-gather on NVLink, each at its protocol's alpha (cost-model.md 1)."""
+    c1p = preset("dgx-h100-8x4")
+    program = lower(hierarchical_plan(c1p, protocol=protocol, max_bytes=1 << 10))
+    assert simulate(program, c1p, program.nchunksperloop * 4).time_us == pytest.approx(alphas, abs=0.01)
 
 
 @pytest.mark.parametrize("path", [p for p in real_xml_files() if read_program(p).ngpus == 8],

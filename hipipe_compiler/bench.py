@@ -24,6 +24,7 @@ from .lower import lower, lowering_key
 from .msccl.program import Program
 from .optimizer.search import ABLATIONS, Search, optimize_window
 from .schedule import Plan, hierarchical_plan, ring_plan, themis_plan
+from .schedule.baselines import tree_plan
 from .sim import SimulationError, simulate_exact
 from .topology import Topology, load_topology, topology_from_document
 from .units import format_size, parse_size
@@ -38,17 +39,35 @@ def _hier(k: int) -> PlanFor:
     return build
 
 
-#: The baselines of the simulator issue (algorithms.md 5): plans through the normal lowering.
+def _with_protocol(build: PlanFor, protocol: str) -> PlanFor:
+    """A baseline under a fixed protocol, whatever the grid's."""
+    return lambda topo, coll, nbytes, _proto: build(topo, coll, nbytes, protocol)
+
+
+def _nccl_ring(topo: Topology, coll: str, nbytes: int, proto: str) -> Plan:
+    return ring_plan(topo, coll, 1, proto, nbytes, nbytes, nbytes, label=f"nccl-ring-{proto}")
+
+
+def _nccl_tree(topo: Topology, coll: str, nbytes: int, proto: str) -> Plan:
+    return tree_plan(topo, coll, 4, proto, nbytes, nbytes, nbytes)
+
+
+#: The baselines (algorithms.md 5): plans through the normal lowering. The NCCL ones are what
+#: NCCL itself would run, under each of its protocols: its ring through every rank, and its
+#: tree (a chain in each node, a double binary tree across nodes, chunks pipelined).
 BASELINES: dict[str, PlanFor] = {
     "ring": lambda topo, coll, nbytes, proto: ring_plan(topo, coll, 1, proto, nbytes, nbytes, nbytes),
     "hierarchical": _hier(1),
     "hierarchical-k4": _hier(4),
     "hierarchical-k16": _hier(16),
     "themis": lambda topo, coll, nbytes, proto: themis_plan(topo, coll, 16, proto, nbytes, nbytes, nbytes),
+    **{f"hierarchical-{p}": _with_protocol(_hier(1), p) for p in ("LL", "LL128")},
+    **{f"nccl-ring-{p}": _with_protocol(_nccl_ring, p) for p in ("LL", "LL128", "Simple")},
+    **{f"nccl-tree-{p}": _with_protocol(_nccl_tree, p) for p in ("LL", "LL128", "Simple")},
 }
 REFERENCE = "hierarchical"
-#: Algorithms whose ring through every rank is not the same on every rank (simulated in full).
-FLAT = ("ring",)
+#: Algorithms whose ring or tree through every rank is not the same on every rank (simulated in full).
+FLAT = ("ring", *(name for name in BASELINES if name.startswith("nccl-")))
 #: HiPIPE and the restricted searches of its ablation (hipipe.ABLATIONS).
 OPTIMIZED = ("hipipe", "hipipe-uniform", "hipipe-lp-1order", "hipipe-lp-mixed", "hipipe-fixed-k8")
 
@@ -95,6 +114,8 @@ class BenchRow:
     speedup: float | None = None  # time of the reference (unpipelined hierarchical) / this time
     error: str | None = None
     details: dict[str, Any] | None = None
+    protocol: str | None = None  # of the program that ran
+    plan: str | None = None  # what the algorithm chose (HiPIPE's knobs, or the baseline's label)
 
     @property
     def t_over_lb(self) -> float | None:
@@ -174,7 +195,7 @@ def _run_one(name: str, topo: Topology, size: int, algo: str, grid: Grid, builde
     except (PlanError, SimulationError) as exc:
         return BenchRow(name, topo.nranks, size, algo, None, None, None, error=str(exc))
     return BenchRow(name, topo.nranks, size, algo, result.time_us, result.lower_bound_us, result.busbw_GBps,
-                    details=details)
+                    details=details, protocol=program.protocol, plan=(details or {}).get("plan", algo))
 
 
 def _with_speedups(rows: list[BenchRow]) -> list[BenchRow]:
@@ -218,7 +239,7 @@ def to_records(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
 def to_csv(rows: Sequence[BenchRow]) -> str:
     records = to_records(rows)
     fields = ["topology", "nranks", "nbytes", "algorithm", "time_us", "lower_bound_us", "t_over_lb", "busbw_GBps",
-              "speedup", "error"]
+              "speedup", "protocol", "plan", "error"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

@@ -17,8 +17,13 @@ GRID = REPO / "benchmarks" / "grid.yaml"
 
 def test_shipped_grid_has_the_recommended_configs():
     grid = load_grid(GRID)
-    assert sorted(grid.topologies) == ["C1", "C3", "C5", "C6"]
-    assert [t.nranks for t in grid.topologies.values()] == [32, 16, 64, 64]
+    assert sorted(grid.topologies) == ["C1", "C1p", "C3", "C5", "C6", "C6p"]
+    assert [t.nranks for t in grid.topologies.values()] == [32, 16, 64, 64, 32, 64]
+    # C1p and C6p are C1 and C6 with NCCL's per-protocol latencies (algorithms.md 6.2)
+    for scalar, per_protocol in (("C1", "C1p"), ("C6", "C6p")):
+        a, b = grid.topologies[scalar], grid.topologies[per_protocol]
+        assert a.shape == b.shape and [d.bandwidth for d in a.dimensions] == [d.bandwidth for d in b.dimensions]
+        assert not any(d.per_protocol for d in a.dimensions) and all(d.per_protocol for d in b.dimensions)
     assert grid.sizes[0] == 64 << 10 and grid.sizes[-1] == 1 << 30
     assert set(grid.algorithms) == set(BASELINES) | {"hipipe"}
 

@@ -20,11 +20,12 @@ from ..bounds import lower_bound_us
 from ..collector import settling
 from ..errors import PlanError
 from ..lower import lower, lowering_key, same_schedule
-from ..msccl.program import Program
+from ..msccl.program import PROTOCOLS, Program
 from ..msccl.runtime import Limits
-from ..schedule.baselines import default_algorithms, hierarchical_plan, ring_plan, themis_plan
+from ..schedule.baselines import DIRECT_MAX_SIZE, default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
 from ..schedule.plan import Plan
+from ..schedule.trees import nccl_tree_fits
 from ..sim.simulate import SimulationError, probe_ranks, simulate
 from ..topology import Topology
 from .knobs import Knobs, build_plan
@@ -45,6 +46,12 @@ BUDGET = 60
 BANDWIDTH_BUDGET = 160
 BANDWIDTH_WINDOW = 16 << 20
 BANDWIDTH_RANKS = 256
+#: Among the finalists within this much of the best mean T / T_LB, the one with the smallest
+#: nchunksperloop wins: the runtime runs a program only for element counts it divides, so a
+#: finer program serves more of a training job's calls (see msccl/selection.py).
+GRANULARITY_TOLERANCE = 0.01
+#: Best candidates after the descent that are also tried finer, for that preference.
+FINER_TRIALS = 3
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
 #: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
@@ -66,11 +73,13 @@ class Evaluation:
 class Search:
     """Judges candidate plans with the quotient simulator, caching lowered programs."""
 
-    def __init__(self, topology: Topology, collective: str, limits: Limits | None = None, dtype_bytes: int = 4) -> None:
+    def __init__(self, topology: Topology, collective: str, limits: Limits | None = None, dtype_bytes: int = 4,
+                 max_nchunksperloop: int | None = None) -> None:
         self.topology = topology
         self.collective = collective
         self.limits = limits or Limits()
         self.dtype_bytes = dtype_bytes
+        self.max_nchunksperloop = max_nchunksperloop
         self.programs: dict = {}
         self.symmetric: dict = {}
         self.times: dict = {}
@@ -94,6 +103,10 @@ class Search:
     def divides(self, plan: Plan, nbytes: int) -> bool:
         """The runtime only runs a program when nchunksperloop divides the element count."""
         return nbytes % (plan.nchunksperloop * self.dtype_bytes) == 0
+
+    def allowed(self, plan: Plan) -> bool:
+        """Whether the plan's nchunksperloop is within the user's cap (--max-nchunksperloop)."""
+        return self.max_nchunksperloop is None or plan.nchunksperloop <= self.max_nchunksperloop
 
     def exact(self, plan: Plan) -> bool:
         """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
@@ -132,7 +145,8 @@ class Search:
         return Evaluation(knobs, plan, tuple(times), score)
 
 
-def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool) -> list[Knobs]:
+def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence[str] = ("Simple", "LL128"),
+                     trees: bool = False) -> list[Knobs]:
     out = []
     for chunks in sorted({max(1, k.chunks // 2), max(1, round(k.chunks * 2 / 3)), min(MAX_CHUNKS, round(k.chunks * 3 / 2)),
                           min(MAX_CHUNKS, k.chunks * 2)}):
@@ -143,7 +157,7 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool) -> list[Knobs]:
     out += [replace(k, granularity=v) for v in (1, 4, 8, 16) if v != k.granularity]
     out += [replace(k, ramp=v) for v in (0, 1, 2, 3) if v != k.ramp]
     out += [replace(k, spread=v) for v in (1, 2, 3) if v != k.spread]
-    out += [replace(k, protocol=v) for v in ("Simple", "LL128") if v != k.protocol]
+    out += [replace(k, protocol=v) for v in protocols if v != k.protocol]
     if k.chunks <= 8:
         out.append(replace(k, fan=not k.fan))
     out.append(replace(k, split=not k.split))
@@ -154,7 +168,23 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool) -> list[Knobs]:
         out.append(replace(k, oneshot=not k.oneshot))
     if rings:
         out.append(replace(k, bidir=not k.bidir))
+    if trees and allreduce:
+        out.append(replace(k, tree=not k.tree))
     return out
+
+
+def protocol_choices(topology: Topology) -> tuple[str, ...]:
+    """The protocols the search weighs. Where every protocol pays the same alpha, LL only
+    doubles the wire bytes, so it is left out (LL128 stays: its deeper FIFOs can pay)."""
+    if any(d.per_protocol for d in topology.dimensions):
+        return ("Simple", "LL128", "LL")
+    return ("Simple", "LL128")
+
+
+def has_large_switch(topology: Topology) -> bool:
+    """Whether a switch dimension is too large for direct exchange (it runs a ring by
+    default), so a tree's 2 log2(n) latencies can beat the ring's n - 1."""
+    return any(d.kind == "switch" and d.size > DIRECT_MAX_SIZE for d in topology.dimensions)
 
 
 @dataclass(frozen=True)
@@ -189,6 +219,18 @@ def _baselines(topology: Topology, collective: str, lo: int, hi: int, nominal: i
     return out
 
 
+def _protocol_baselines(topology: Topology, collective: str, lo: int, hi: int, nominal: int) -> list[Plan]:
+    """The baselines under the other protocols, and what NCCL itself would run under each:
+    its ring, and its tree for an all-reduce over a network where the tree's links exist
+    (every dimension but the innermost a switch)."""
+    out = [hierarchical_plan(topology, collective, 1, proto, min_bytes=lo, max_bytes=hi, nominal_bytes=nominal)
+           for proto in ("LL", "LL128")]
+    if collective == "allreduce" and nccl_tree_fits(topology):
+        out += [tree_plan(topology, collective, 4, proto, lo, hi, nominal) for proto in PROTOCOLS]
+    out += [ring_plan(topology, collective, 1, proto, lo, hi, nominal) for proto in ("LL", "LL128")]
+    return out
+
+
 #: Restricted searches for the ablation of `hipipe bench --ablation`: knob values forced on
 #: every candidate, and whether the baselines compete.
 ABLATIONS: dict[str, tuple[dict[str, object], bool]] = {
@@ -206,9 +248,10 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
     and all-gather lanes, and with one-shot for few chunks; then coordinate descent over
-    every knob from the best three, judged at the window's middle. The five best are judged
-    again at both ends of the window, and the best mean T / T_LB wins; the `neighbour`
-    window's plan wins if it is within REUSE_TOLERANCE of that.
+    every knob from the best three, judged at the window's middle. The five best (and the
+    best of each finer nchunksperloop) are judged again at both ends of the window; the finest
+    within GRANULARITY_TOLERANCE of the best mean T / T_LB wins, and the `neighbour` window's
+    plan wins if it is within REUSE_TOLERANCE of that and no coarser.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
@@ -231,8 +274,15 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     base_evals: list[Evaluation | None] = []
     for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal):
-        if not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
+        if search.allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle, knobs))
+    # the baselines under other protocols and NCCL's tree compete too, but take nothing from
+    # the descent's budget
+    before = search.evaluations
+    for plan in _protocol_baselines(topo, coll, min_bytes, max_bytes, nominal):
+        if search.allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
+            base_evals.append(search.judge(plan, middle))
+    start += search.evaluations - before
     # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
     # that is not a power of two), divisibility cannot steer the choice
     strict = any(ev is not None and selectable(ev.plan) for ev in base_evals)
@@ -254,7 +304,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             return None
         tried.add(knobs)
         plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
-        if strict and not selectable(plan):
+        while not search.allowed(plan) and knobs.granularity > 1:  # as fine as the cap asks
+            knobs = replace(knobs, granularity=knobs.granularity // 2)
+            tried.add(knobs)
+            plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
+        if (strict and not selectable(plan)) or not search.allowed(plan):
             return None
         if hopeless(plan, (e.score for e in evals)):
             skipped += 1
@@ -288,6 +342,33 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
     for knobs in (*seeds, *coarse):
         attempt(knobs)
+    # the other protocols and trees are swept on top, taking nothing from the descent's budget
+    extra: list[Knobs] = []
+    if nominal < BANDWIDTH_WINDOW:  # where latency counts, the low-latency protocols and trees compete
+        trees = allreduce and has_large_switch(topo)
+        for proto in protocol_choices(topo)[1:]:
+            for k in (1, 2, 4, 8, 16):
+                if k <= max_chunks:
+                    extra += [Knobs(k, protocol=proto), Knobs(k, mix=True, ag_lane=True, protocol=proto),
+                              Knobs(k, fan=True, protocol=proto)]
+                    if k >= 4:
+                        extra.append(Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, protocol=proto))
+                    if allreduce:
+                        extra += [Knobs(k, ag_lane=True, oneshot=True, protocol=proto),
+                                  Knobs(k, fan=True, oneshot=True, protocol=proto)]
+                    if trees:
+                        extra.append(Knobs(k, ag_lane=True, tree=True, protocol=proto))
+        if trees:
+            extra += [Knobs(k, ag_lane=True, tree=True) for k in (1, 2, 4) if k <= max_chunks]
+    if len(protocol_choices(topo)) > 2 and nominal >= 1 << 20:
+        # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
+        extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
+                  for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
+    before, skipped_before = search.evaluations, skipped
+    for knobs in extra:
+        attempt(knobs)
+    start += search.evaluations - before
+    skipped = skipped_before
     rings = "ring" in default_algorithms(topo)
     if rings:  # the best few of the sweep also with both-way rings (or without, for seeds)
         for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:BIDIR_TRIALS]:
@@ -306,28 +387,61 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         until = spent() + (budget - spent()) // (len(seeds_ranked) - i)
         while improved and spent() < until:
             improved = False
-            for knobs in _knob_neighbours(best.knobs, allreduce, rings):
+            for knobs in _knob_neighbours(best.knobs, allreduce, rings, protocol_choices(topo), has_large_switch(topo)):
                 ev = attempt(knobs)
                 # rank 0's time steers the descent; only the seeds and finalists must be exact
                 # (the check generates the probe ranks' operations, about one more lowering)
                 if ev is not None and ev.score < best.score * (1 - 1e-6):
                     best, improved = ev, True
                     break
+    if not evals:
+        raise PlanError(f"no plan for {topo.label} has at most {search.max_nchunksperloop} chunks per loop "
+                        f"(--max-nchunksperloop); the coarsest needs {topo.nranks}")
+    # the best few also finer: fewer units per chunk, or fewer chunks, for the granularity preference
+    for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:FINER_TRIALS]:
+        k = ev.knobs
+        assert k is not None
+        for finer in (replace(k, granularity=max(1, k.granularity // 2)), replace(k, granularity=1),
+                      replace(k, chunks=max(1, k.chunks // 2)), replace(k, chunks=max(1, k.chunks // 2), granularity=1)):
+            attempt(finer)
     sizes = judged_sizes(min_bytes, max_bytes)
-    finalists = [search.judge(e.plan, sizes, e.knobs) for e in islice((e for e in sorted(evals, key=lambda e: e.score) if exact(e)), 5)]
-    ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
+    ordered = [e for e in sorted(evals, key=lambda e: e.score) if exact(e)]
+    finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*ordered[:5], *_finer(ordered))]
+    ranked = _granular(sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None)))
     best = ranked[0]
     if neighbour is not None and not forced:
         # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as
-        # good: the windows then share a program if it does not depend on the window
+        # good and no coarser: the windows then share a program if it does not depend on the window
         plan = neighbour.plan.with_window(min_bytes, max_bytes)
         previous = (search.judge(plan, sizes, neighbour.knobs)
-                    if (not strict or selectable(plan)) and search.exact(plan) else None)
-        if previous is not None and previous.score <= best.score * (1 + REUSE_TOLERANCE):
+                    if (not strict or selectable(plan)) and search.allowed(plan) and search.exact(plan) else None)
+        if (previous is not None and previous.score <= best.score * (1 + REUSE_TOLERANCE)
+                and previous.plan.nchunksperloop <= best.plan.nchunksperloop):
             ranked.insert(0, previous)
             best = previous
     return Choice(min_bytes, max_bytes, best.plan, best.knobs, sizes, best.times_us, search.evaluations - start,
                   tuple(e.plan for e in ranked[1:]))
+
+
+def _finer(ordered: Sequence[Evaluation]) -> list[Evaluation]:
+    """For each nchunksperloop below the best candidate's, the best candidate with it, when
+    it is close enough at the window's middle to be within GRANULARITY_TOLERANCE overall."""
+    if not ordered:
+        return []
+    best: dict[int, Evaluation] = {}
+    for e in ordered:
+        if e.score <= ordered[0].score * (1 + 2 * GRANULARITY_TOLERANCE):
+            best.setdefault(e.plan.nchunksperloop, e)
+    return [e for n, e in sorted(best.items()) if n < ordered[0].plan.nchunksperloop and e not in ordered[:5]]
+
+
+def _granular(ranked: list[Evaluation]) -> list[Evaluation]:
+    """`ranked` with its finest plan within GRANULARITY_TOLERANCE of the best moved first."""
+    if not ranked:
+        return ranked
+    close = [e for e in ranked if e.score <= ranked[0].score * (1 + GRANULARITY_TOLERANCE)]
+    pick = min(close, key=lambda e: e.plan.nchunksperloop)  # min keeps the best score among equals
+    return [pick, *(e for e in ranked if e is not pick)]
 
 
 def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | None:
@@ -337,7 +451,7 @@ def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | N
     if not lo == hi == previous.max_bytes + 1:
         return None
     plan = previous.plan.with_window(lo, hi)
-    if not search.divides(plan, lo) or not search.exact(plan):
+    if not search.divides(plan, lo) or not search.allowed(plan) or not search.exact(plan):
         return None
     ev = search.judge(plan, (lo,), previous.knobs)
     if ev is None:
@@ -346,9 +460,10 @@ def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | N
 
 
 def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, int]], limits=None,
-             progress=None, dtype_bytes: int = 4) -> list[Choice]:
-    """One Choice per window; each window starts from its neighbours' best knobs."""
-    search = Search(topology, collective, limits, dtype_bytes)
+             progress=None, dtype_bytes: int = 4, max_nchunksperloop: int | None = None) -> list[Choice]:
+    """One Choice per window; each window starts from its neighbours' best knobs. With
+    `max_nchunksperloop`, no program needs element counts in larger multiples."""
+    search = Search(topology, collective, limits, dtype_bytes, max_nchunksperloop)
     out: list[Choice] = []
     with settling() as settle:
         for lo, hi in windows:

@@ -29,6 +29,7 @@ from .msccl.verify import Report, VerifyOptions, Violation, verify
 from .msccl.writer import DIALECTS
 from .sim import SimulationError, simulate
 from .topology import PRESETS, load_topology
+from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
 from .units import format_size, parse_size, parse_size_range
@@ -116,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunks", type=_int("--chunks", 1, 4096), help="baselines: pipeline chunks per loop iteration (default 1)")
     p.add_argument("--proto", choices=PROTOCOLS, help="baselines: MSCCL protocol (default Simple)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type of the calls (default float32)")
+    p.add_argument("--max-nchunksperloop", type=_int("--max-nchunksperloop", 1),
+                   help="cap the chunks per loop: the runtime runs a program only for element counts that are a multiple "
+                   "of it, so a lower cap serves more calls unpadded, at some speed (default: none; among plans within "
+                   "1%% of the fastest, the search already takes the finest)")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help="XML dialect: executor (msccl-executor-nccl, RCCL) or legacy (microsoft/msccl)")
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
@@ -158,6 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="write DIR/plan.json and DIR/msccl-algorithms/ (for MSCCL_ALGO_DIR)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    p = sub.add_parser("coverage", help="which calls of a training job a directory of programs really serves")
+    p.add_argument("directory", help="a directory of MSCCL programs (as for MSCCL_ALGO_DIR)")
+    calls = p.add_mutually_exclusive_group(required=True)
+    calls.add_argument("--profile", help="a built-in model or a layer-profile file: its PyTorch DDP gradient buckets")
+    calls.add_argument("--counts", help="a file of element counts, one all-reduce per line")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="element type (default float32)")
+    p.add_argument("--bucket-cap-mb", type=_positive("--bucket-cap-mb"), default=25.0, help="DDP's bucket_cap_mb (default 25)")
+    p.add_argument("--first-bucket-mb", type=_positive("--first-bucket-mb"), default=1.0, help="DDP's first bucket cap (default 1)")
+    p.add_argument("--world-size", type=_int("--world-size", 1), help="the ranks of the job, when the directory has programs for several")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
     p.add_argument("file", help="an MSCCL XML algorithm file")
     p.add_argument("--max-steps", type=_int("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
@@ -174,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify, "simulate": cmd_simulate,
-                "bench": cmd_bench, "plan": cmd_plan}[args.command](args)
+                "bench": cmd_bench, "plan": cmd_plan, "coverage": cmd_coverage}[args.command](args)
     except InputError as exc:
         print(f"hipipe: error: {exc}", file=sys.stderr)
         return 2
@@ -215,8 +231,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
     for d, dim in enumerate(topo.dimensions):
         links = "2 directed links (B/2 each)" if dim.uses_both_directions else (
             "1 directed link each way" if dim.kind == "ring" else f"1 port to {dim.size - 1} peers")
-        rows.append((topo.dim_name(d), dim.size, dim.kind, dim.bandwidth, dim.latency, links))
-    print(tabulate(rows, headers=("dimension", "size", "kind", "GB/s", "latency us", "per rank")))
+        rows.append((topo.dim_name(d), dim.size, dim.kind, dim.bandwidth, *(dim.alpha(p) for p in PROTOCOL_ORDER), links))
+    print(tabulate(rows, headers=("dimension", "size", "kind", "GB/s", *(f"{p} us" for p in PROTOCOL_ORDER), "per rank")))
+    if not any(dim.per_protocol for dim in topo.dimensions):
+        print("latency: one number per dimension, the same for every protocol")
     if topo.reduce_bandwidth:
         print(f"local reduce bandwidth: {topo.reduce_bandwidth} GB/s")
     return 0
@@ -233,6 +251,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     options = CompileOptions(
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
         dtype_bytes=DTYPES[args.dtype], limits=Limits.for_runtime(args.runtime, args.max_tbs),
+        max_nchunksperloop=args.max_nchunksperloop,
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
     planner = None
@@ -261,6 +280,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         manifest = {
             "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
             "algorithm": args.algo, "dialect": args.dialect, "runtime": args.runtime, "dtype_bytes": options.dtype_bytes,
+            "max_nchunksperloop": args.max_nchunksperloop,
             "windows": [window_summary(w) for w in windows],
         }
         with watch.phase("write"):
@@ -295,11 +315,11 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         u = s.get("utilisation")
         rows.append((
             window_label(s["min_bytes"], s["max_bytes"]), s.get("choice", s["algorithm"]),
-            s["protocol"], s["chunks"], _units_text(s["chunk_units"]), s["channels"], s["threadblocks"],
+            s["protocol"], s["chunks"], _units_text(s["chunk_units"]), s["element_multiple"], s["channels"], s["threadblocks"],
             s["longest_threadblock"], f"{s['predicted_us']:,.1f}", f"{s['busbw_GBps']:,.1f}",
             "-" if u is None else f"{u:.3f}", "yes" if s["verified"] else "-",
         ))
-    return tabulate(rows, headers=("window", "plan", "proto", "chunks", "chunk sizes", "channels", "tbs", "longest tb",
+    return tabulate(rows, headers=("window", "plan", "proto", "chunks", "chunk sizes", "elements x", "channels", "tbs", "longest tb",
                                    "us @max", "busbw GB/s", "T_LB/T", "verified"), disable_numparse=True)
 
 
@@ -490,6 +510,44 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if out is not None:
         print(f"wrote {out / 'plan.json'} ({args.policy}) and {len(doc['programs'])} verified program(s) in "
               f"{out / 'msccl-algorithms'}/ (MSCCL_ALGO_DIR={out / 'msccl-algorithms'})")
+    return 0
+
+
+# -- coverage ---------------------------------------------------------------------------------
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    from .coverage import MIB, coverage, ddp_buckets, directory_programs, profile_tensors, read_counts
+    from .training.profiles import load_profile
+    files, world = directory_programs(args.directory, "allreduce", args.world_size)
+    dtype_bytes = DTYPES[args.dtype]
+    if args.counts is not None:
+        counts = read_counts(args.counts)
+        labels = [f"line {i + 1}" for i in range(len(counts))]
+        source = args.counts
+    else:
+        profile = load_profile(args.profile)
+        buckets = ddp_buckets(profile_tensors(profile), dtype_bytes, int(args.bucket_cap_mb * MIB),
+                              int(args.first_bucket_mb * MIB))
+        labels, counts = [b[0] for b in buckets], [b[1] for b in buckets]
+        source = f"{profile.name}: PyTorch DDP buckets ({args.first_bucket_mb:g} MiB first, then {args.bucket_cap_mb:g} MiB)"
+    report = coverage(files, counts, dtype_bytes, world, labels)
+    if args.json:
+        _print_json({"directory": str(args.directory), "calls_from": source, **report.to_dict()})
+        return 0
+    print(f"{args.directory}: {len(files)} all-reduce program(s) for {world} ranks; calls: {source}, {args.dtype}")
+    rows = [(c.label if len(c.label) <= 40 else c.label[:37] + "...", c.count, format_size(c.nbytes),
+             c.file or "-", "" if c.file else c.why_not,
+             "-" if c.padded_count is None else f"+{c.padded_count - c.count}") for c in report.calls_detail]
+    print(tabulate(rows, headers=("call", "elements", "size", "served by", "why not", "pad"), disable_numparse=True))
+    share = report.served_bytes / report.bytes if report.bytes else 0.0
+    print(f"served: {report.served_calls} of {report.calls} calls, {share:.1%} of {format_size(report.bytes)}")
+    print(f"padded to the smallest count a file serves: {report.padded_served_calls} of {report.calls} calls, "
+          f"{report.padded_extra_bytes} extra bytes ({report.padded_extra_bytes / max(report.bytes, 1):.3%})")
+    ambiguous = [c for c in report.calls_detail if c.also]
+    if ambiguous:
+        print(f"note: {len(ambiguous)} call(s) match several files; the runtime takes the first in the directory "
+              "listing's order, which depends on the file system")
     return 0
 
 

@@ -21,6 +21,7 @@ from .files import write_atomic, writing
 from .lower import lower, lowering_key
 from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS, Program
 from .msccl.runtime import MAX_CHILDREN, Limits
+from .msccl.selection import element_multiple
 from .msccl.verify import Report, VerifyOptions, verify
 from .msccl.writer import Dialect, write_program
 from .optimizer import optimize
@@ -50,6 +51,7 @@ class CompileOptions:
     dtype_bytes: int = 4
     limits: Limits = field(default_factory=Limits)
     check: bool = True
+    max_nchunksperloop: int | None = None  # cap the element multiple, for users who cannot pad
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,9 @@ def check_options(topology: Topology, options: CompileOptions) -> None:
         raise InputError(None, "--proto", f"expected one of {', '.join(PROTOCOLS)}, got {options.protocol!r}")
     if options.chunks is not None and not 1 <= options.chunks <= 4096:
         raise InputError(None, "--chunks", f"expected an integer from 1 to 4096, got {options.chunks}")
+    cap = options.max_nchunksperloop
+    if cap is not None and cap < topology.nranks:
+        raise InputError(None, "--max-nchunksperloop", f"expected at least {topology.nranks} (one chunk per rank), got {cap}")
     check_fits_one_file(topology)
 
 
@@ -115,6 +120,9 @@ def baseline_planner(topology: Topology, options: CompileOptions, windows: Seque
         else:
             plan = hierarchical_plan(topology, options.collective, chunks, proto, min_bytes=w.min_bytes,
                                      max_bytes=w.max_bytes, nominal_bytes=w.max_bytes)
+        if options.max_nchunksperloop is not None and plan.nchunksperloop > options.max_nchunksperloop:
+            raise InputError(None, "--max-nchunksperloop", f"{options.algorithm} with {chunks} chunk(s) needs "
+                             f"{plan.nchunksperloop} chunks per loop, over the cap {options.max_nchunksperloop}; use fewer --chunks")
         out.append((plan, {}))
     return out
 
@@ -130,7 +138,7 @@ def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequenc
             progress(done[0], len(windows))
 
     choices = optimize(topology, options.collective, [(w.min_bytes, w.max_bytes) for w in windows], options.limits,
-                       progress=tick, dtype_bytes=options.dtype_bytes)
+                       progress=tick, dtype_bytes=options.dtype_bytes, max_nchunksperloop=options.max_nchunksperloop)
     return [(c.plan, {"choice": c.knobs.label if c.knobs else c.plan.label, "alternatives": c.alternatives})
             for c in choices]
 
@@ -312,6 +320,7 @@ def window_summary(cw: CompiledWindow) -> dict[str, Any]:
         "chunk_units": [c.units for c in plan.chunks],
         "orders": [list(c.order) for c in plan.chunks],
         "nchunksperloop": program.nchunksperloop,
+        "element_multiple": element_multiple(program),
         "channels": program.nchannels,
         "threadblocks": program.max_threadblocks,
         "longest_threadblock": program.max_steps,

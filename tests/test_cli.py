@@ -37,6 +37,19 @@ def test_compile_a_range_into_a_directory(tmp_path, coll, algo):
         assert run_hipipe("verify", f).returncode == 0
 
 
+def test_every_window_states_its_element_multiple_and_the_cap_holds(tmp_path):
+    out = tmp_path / "algos"
+    done = run_hipipe("compile", "dgx-h100-8x2", "--sizes", "1MiB:64MiB", "--max-nchunksperloop", "64", "-o", out, "--json")
+    assert done.returncode == 0, done.stderr
+    windows = json.loads(done.stdout)["windows"]
+    assert all(w["element_multiple"] == w["nchunksperloop"] <= 64 for w in windows)
+    manifest = json.loads((out / ".hipipe" / "manifest.json").read_text())
+    assert manifest["max_nchunksperloop"] == 64
+    assert [w["element_multiple"] for w in manifest["windows"]] == [w["element_multiple"] for w in windows]
+    table = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", tmp_path / "one.xml")
+    assert "elements x" in table.stdout.splitlines()[1]
+
+
 def test_quiet_prints_nothing(tmp_path):
     done = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", tmp_path / "a.xml", "--quiet")
     assert done.returncode == 0 and done.stdout == ""
@@ -85,6 +98,8 @@ def test_bad_topology_exits_2_with_one_line_and_no_output(tmp_path, name):
     (["--sizes", "4GiB:1KiB"], "--sizes"),
     (["--size", "1MiB", "--chunks", "0"], "--chunks"),
     (["--size", "1MiB", "--algo", "magic"], "--algo"),
+    (["--size", "1MiB", "--max-nchunksperloop", "16"], "--max-nchunksperloop: expected at least 32 (one chunk per rank), got 16"),
+    (["--size", "1MiB", "--algo", "ring", "--chunks", "4", "--max-nchunksperloop", "64"], "over the cap 64"),
 ])
 def test_bad_arguments_exit_2(tmp_path, args, needle):
     out = tmp_path / "out.xml"

@@ -8,12 +8,12 @@
 
 from .lexical import LexicalIssue, lexical_issues
 from .program import Gpu, Program, Step, Threadblock
-from .reader import read_program
+from .reader import read_header, read_program
 from .runtime import Limits
 from .verify import Report, VerifyOptions, Violation, verify
 from .writer import DIALECTS, save_program, write_program
 
 __all__ = [
     "DIALECTS", "Gpu", "LexicalIssue", "Limits", "Program", "Report", "Step", "Threadblock", "VerifyOptions",
-    "Violation", "lexical_issues", "read_program", "save_program", "verify", "write_program",
+    "Violation", "lexical_issues", "read_header", "read_program", "save_program", "verify", "write_program",
 ]

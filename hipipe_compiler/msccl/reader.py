@@ -94,7 +94,24 @@ def read_program(source: str | Path | bytes, dialect: Literal["auto", "executor"
     return _parse(data, label, dialect)
 
 
-def _parse(data: bytes, label: str, dialect: str) -> Program:
+#: Bytes a header-only read looks at: the <algo> element comes first, after a comment or two.
+HEADER_BYTES = 64 << 10
+
+
+def read_header(path: str | Path, dialect: Literal["auto", "executor", "legacy"] = "auto") -> Program:
+    """The <algo> attributes of an MSCCL file as a Program with no gpus: what the runtime
+    reads at communicator setup and matches calls against (msccl/selection.py). Reads only
+    the file's first HEADER_BYTES."""
+    label = str(path)
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(HEADER_BYTES)
+    except OSError as exc:
+        raise InputError(label, None, f"cannot read file: {exc.strerror or exc}") from None
+    return _parse(data, label, dialect, header_only=True)
+
+
+def _parse(data: bytes, label: str, dialect: str, header_only: bool = False) -> Program:
     reader = _Reader(label)
     if re.search(rb"<!DOCTYPE|<!ENTITY", data, re.I):
         raise reader.fail("", "DOCTYPE and entity declarations are not allowed in MSCCL XML")
@@ -121,6 +138,8 @@ def _parse(data: bytes, label: str, dialect: str) -> Program:
                     if tag != "algo":
                         raise reader.fail("", f"expected the first element to be <algo>, got <{tag}>")
                     algo = dict(elem.attrib)
+                    if header_only:
+                        break
                 elif depth == 2 and tag == "gpu":
                     gi += 1
                     ti = -1

@@ -110,10 +110,20 @@ def threshold_bounds(profile: LayerProfile, cap_bytes: float, first_cap_bytes: f
                 acc = 0
             acc += sizes[i]
         return _forward_to_bounds(starts, L)
-    bounds, acc, cap = [0], 0, first_cap_bytes if first_cap_bytes is not None else cap_bytes
-    for p in range(L):
-        acc += sizes[L - 1 - p]
-        if acc >= cap and p + 1 < L:
+    return backward_bounds(sizes[::-1], cap_bytes, first_cap_bytes)
+
+
+def backward_bounds(sizes: Sequence[float], cap_bytes: float, first_cap_bytes: float | None = None) -> tuple[int, ...]:
+    """Where DDP's buckets start among items in backward order: a bucket closes once it
+    reaches its cap (the first one `first_cap_bytes`).
+
+    >>> backward_bounds([400, 700, 100, 900, 50], 1000, 500)
+    (0, 2, 4)
+    """
+    bounds, acc, cap = [0], 0.0, first_cap_bytes if first_cap_bytes is not None else cap_bytes
+    for p, size in enumerate(sizes):
+        acc += size
+        if acc >= cap and p + 1 < len(sizes):
             bounds.append(p + 1)
             acc, cap = 0, cap_bytes
     return tuple(bounds)

@@ -1,0 +1,195 @@
+"""Coverage: which calls of a training job a directory of programs really serves.
+
+The runtime runs a program for a call only when the call's size lies in the program's window
+and its element count is a multiple of the program's element multiple (msccl/selection.py);
+every other call runs on NCCL's own algorithms, silently. A job's calls are PyTorch DDP's
+gradient buckets (built from a layer profile the way DDP builds them) or element counts read
+from a file. The report says, per call, which file serves it or why none does, and what
+padding each call to the smallest count some file serves would cost.
+
+>>> from hipipe_compiler.msccl.program import Program
+>>> files = [("ar.xml", Program("ar", "allreduce", "Simple", 1, 64, 32, True, True, 1024, 0, ()))]
+>>> report = coverage(files, [1 << 20, (1 << 20) + 8], dtype_bytes=4, world_size=32)
+>>> report.served_calls, report.calls, report.padded_extra_bytes
+(1, 2, 224)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import InputError
+from .msccl.program import Program
+from .msccl.reader import read_header
+from .msccl.selection import call_bytes, refusal, serving, smallest_served
+from .training.buckets import backward_bounds
+from .training.profiles import LayerProfile
+
+MIB = 1 << 20
+#: PyTorch DDP's bucket caps: its first bucket closes at 1 MiB, the others at 25 MiB.
+DDP_BUCKET_CAP = 25 * MIB
+DDP_FIRST_BUCKET_CAP = 1 * MIB
+
+
+@dataclass(frozen=True)
+class Call:
+    """One all-reduce of `count` elements, and which file (if any) the runtime runs for it."""
+
+    label: str
+    count: int
+    nbytes: int
+    file: str | None  # the file that serves it
+    why_not: str | None  # why no file does
+    also: tuple[str, ...]  # other files that could serve it: the file system's listing order decides
+    padded_count: int | None  # the smallest count >= count that some file serves
+
+
+@dataclass(frozen=True)
+class Coverage:
+    calls_detail: tuple[Call, ...]
+    world_size: int
+    dtype_bytes: int
+
+    @property
+    def calls(self) -> int:
+        return len(self.calls_detail)
+
+    @property
+    def served_calls(self) -> int:
+        return sum(c.file is not None for c in self.calls_detail)
+
+    @property
+    def bytes(self) -> int:
+        return sum(c.nbytes for c in self.calls_detail)
+
+    @property
+    def served_bytes(self) -> int:
+        return sum(c.nbytes for c in self.calls_detail if c.file is not None)
+
+    @property
+    def padded_served_calls(self) -> int:
+        return sum(c.padded_count is not None for c in self.calls_detail)
+
+    @property
+    def padded_extra_bytes(self) -> int:
+        return sum((c.padded_count - c.count) * self.dtype_bytes for c in self.calls_detail if c.padded_count is not None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size, "dtype_bytes": self.dtype_bytes,
+            "calls": self.calls, "served_calls": self.served_calls, "bytes": self.bytes, "served_bytes": self.served_bytes,
+            "padded": {"served_calls": self.padded_served_calls, "extra_bytes": self.padded_extra_bytes},
+            "detail": [{"call": c.label, "count": c.count, "bytes": c.nbytes, "file": c.file, "why_not": c.why_not,
+                        "also": list(c.also), "padded_count": c.padded_count} for c in self.calls_detail],
+        }
+
+
+def directory_programs(path: str | Path, collective: str = "allreduce",
+                       world_size: int | None = None) -> tuple[list[tuple[str, Program]], int]:
+    """The headers of a directory's programs of one collective, and their world size.
+
+    Like the runtime, it reads every regular file of the directory (not its subdirectories).
+    InputError when none is of the collective, or when they are for several world sizes and
+    `world_size` does not pick one."""
+    root = Path(path)
+    found = directory_headers(root)
+    mine = [(name, p) for name, p in found if p.collective == collective]
+    if not mine:
+        raise InputError(str(root), None, f"no {collective} program among its {len(found)} file(s)")
+    sizes = sorted({p.ngpus for _name, p in mine})
+    if world_size is None:
+        if len(sizes) > 1:
+            raise InputError(str(root), "--world-size", f"its {collective} programs are for {', '.join(map(str, sizes))} "
+                             "ranks; pick one with --world-size")
+        world_size = sizes[0]
+    chosen = [(name, p) for name, p in mine if p.ngpus == world_size]
+    if not chosen:
+        raise InputError(str(root), "--world-size", f"no {collective} program for {world_size} ranks; "
+                         f"its programs are for {', '.join(map(str, sizes))}")
+    return chosen, world_size
+
+
+def directory_headers(path: str | Path) -> list[tuple[str, Program]]:
+    """(file name, header) of every regular file of a directory, as the runtime reads them:
+    whatever the extension, subdirectories skipped. InputError names a file it cannot read."""
+    root = Path(path)
+    if not root.is_dir():
+        raise InputError(str(root), None, "expected a directory of MSCCL programs (as for MSCCL_ALGO_DIR)")
+    return [(f.name, read_header(f)) for f in sorted(root.iterdir()) if f.is_file()]
+
+
+def coverage(files: Sequence[tuple[str, Program]], counts: Sequence[int], dtype_bytes: int, world_size: int,
+             labels: Sequence[str] | None = None, collective: str = "allreduce", inplace: bool = True) -> Coverage:
+    """Decide each call as the runtime would, and what padding it would need."""
+    programs = [p for _name, p in files]
+    names = [name for name, _p in files]
+    out = []
+    for i, count in enumerate(counts):
+        hits = serving(programs, collective, world_size, count, dtype_bytes, inplace)
+        why = None
+        if not hits:
+            why = _why_not(programs, collective, world_size, count, dtype_bytes, inplace)
+        padded = smallest_served(programs, collective, world_size, count, dtype_bytes, inplace)
+        out.append(Call(labels[i] if labels else f"call {i}", count, call_bytes(collective, world_size, count, dtype_bytes),
+                        names[hits[0]] if hits else None, why, tuple(names[h] for h in hits[1:]), padded))
+    return Coverage(tuple(out), world_size, dtype_bytes)
+
+
+def _why_not(programs: Sequence[Program], collective: str, world_size: int, count: int, dtype_bytes: int,
+             inplace: bool) -> str:
+    """The reason of the file whose window holds the call, or that no window does."""
+    nbytes = call_bytes(collective, world_size, count, dtype_bytes)
+    for p in programs:
+        if p.min_bytes <= nbytes and (not p.max_bytes or nbytes <= p.max_bytes):
+            return refusal(p, collective, world_size, count, dtype_bytes, inplace) or "served"
+    return f"no window holds {nbytes} bytes"
+
+
+def ddp_buckets(tensors: Sequence[tuple[str, int]], dtype_bytes: int, cap_bytes: int = DDP_BUCKET_CAP,
+                first_cap_bytes: int = DDP_FIRST_BUCKET_CAP) -> list[tuple[str, int]]:
+    """PyTorch DDP's gradient buckets over parameter tensors given in forward order: tensors
+    taken in reverse, a bucket closing once it reaches its cap (the first one at
+    `first_cap_bytes`). (label, elements) per bucket, in the order DDP all-reduces them.
+
+    >>> ddp_buckets([("a", 100), ("b", 300_000), ("c", 300_000)], 4)
+    [('c', 300000), ('b..a', 300100)]
+    """
+    backward = list(reversed(tensors))
+    bounds = [*backward_bounds([n * dtype_bytes for _name, n in backward], cap_bytes, first_cap_bytes), len(backward)]
+    out = []
+    for start, end in zip(bounds, bounds[1:]):
+        names = [name for name, _n in backward[start:end]]
+        out.append((names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}", sum(n for _name, n in backward[start:end])))
+    return out
+
+
+def profile_tensors(profile: LayerProfile) -> list[tuple[str, int]]:
+    """A profile's parameter tensors in forward order (a layer without its tensors listed is
+    one tensor)."""
+    out = []
+    for layer in profile.layers:
+        out += list(layer.tensors) or [(layer.name, layer.params)]
+    return out
+
+
+def read_counts(path: str | Path) -> list[int]:
+    """One element count per line (blank lines and # comments skipped); InputError names
+    the line of anything else."""
+    source = str(path)
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(source, None, f"cannot read file: {getattr(exc, 'strerror', None) or exc}") from None
+    counts = []
+    for number, line in enumerate(lines, 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        if not text.isdigit() or int(text) < 1:
+            raise InputError(source, f"line {number}", f"expected a whole number of elements >= 1, got {text[:40]!r}")
+        counts.append(int(text))
+    if not counts:
+        raise InputError(source, None, "no element counts in the file")
+    return counts

@@ -125,3 +125,14 @@ def test_modules_are_small_enough_to_read_whole():
     readme = (REPO / "README.md").read_text()
     for module in LONG_MODULES:
         assert module in readme, f"README's Layout section should say why {module} is long"
+
+
+def test_only_the_torch_extra_imports_torch():
+    """torch is an optional extra: the core must import without it."""
+    for name, path in MODULES.items():
+        if name.startswith("hipipe_compiler.torch"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            roots = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not any(r.split(".")[0] == "torch" for r in roots), f"{path}:{node.lineno} imports torch"

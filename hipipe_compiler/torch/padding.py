@@ -46,6 +46,7 @@ class PaddingState:
     padded_elements: int = 0
     fallback_calls: int = 0
     sent: Counter = field(default_factory=Counter)
+    emulated_reduce_scatter: bool = False  # the backend lacks reduce-scatter: all-reduce instead
 
     @classmethod
     def from_directory(cls, path: str | Path, process_group: Any = None) -> "PaddingState":
@@ -94,6 +95,33 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def all_gather_flat(output: torch.Tensor, part: torch.Tensor, group: Any = None) -> None:
+    """Gather every rank's `part` into `output` (world_size parts, rank after rank)."""
+    _all_gather(output, part, group=group)
+
+
+def reduce_scatter_flat(output: torch.Tensor, input: torch.Tensor, op: Any = None, group: Any = None,
+                        emulate: bool = False) -> bool:
+    """Sum `input` (world_size parts) over the ranks and keep this rank's part in `output`.
+
+    Where the backend has no reduce-scatter (gloo in older torch), or with `emulate`, it is
+    an all-reduce of a copy of the whole input; returns whether it was emulated, so a caller
+    can pass that on and skip the failing attempt next time."""
+    op = op or dist.ReduceOp.SUM
+    if not emulate:
+        try:
+            _reduce_scatter(output, input, op=op, group=group)
+            return False
+        except (RuntimeError, NotImplementedError) as exc:
+            if not any(word in str(exc).lower() for word in ("not supported", "unimplemented", "does not support")):
+                raise
+    whole = input.clone()
+    dist.all_reduce(whole, op=op, group=group)
+    n, rank = output.numel(), dist.get_rank(group)
+    output.copy_(whole[rank * n:(rank + 1) * n].view_as(output))
+    return True
+
+
 def _padded(flat: torch.Tensor, count: int) -> torch.Tensor:
     """`flat` with zeros appended up to `count` elements (itself when already that long)."""
     if flat.numel() == count:
@@ -137,7 +165,8 @@ def padded_reduce_scatter(state: PaddingState, output: torch.Tensor, input: torc
     if padded != n:
         shards = torch.cat([shards, shards.new_zeros(world, padded - n)], dim=1)
     out = output.new_empty(padded)
-    _reduce_scatter(out, shards.reshape(-1), op=op or dist.ReduceOp.SUM, group=state.process_group)
+    state.emulated_reduce_scatter = reduce_scatter_flat(out, shards.reshape(-1), op=op, group=state.process_group,
+                                                        emulate=state.emulated_reduce_scatter)
     output.copy_(out[:n].view_as(output))
 
 
@@ -151,5 +180,5 @@ def padded_all_gather(state: PaddingState, output: torch.Tensor, input: torch.Te
     padded = state.plan("allgather", n, input.element_size())
     part = _padded(input.reshape(-1), padded)
     gathered = part.new_empty(world * padded)
-    _all_gather(gathered, part, group=state.process_group)
+    all_gather_flat(gathered, part, group=state.process_group)
     output.copy_(gathered.reshape(world, padded)[:, :n].reshape(output.shape))

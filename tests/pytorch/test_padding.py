@@ -15,6 +15,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 mp = pytest.importorskip("torch.multiprocessing")
+#: one worker runs this module, so its process groups and compiled fixtures are made once
+pytestmark = pytest.mark.xdist_group("padding")
 
 from hipipe_compiler.coverage import directory_headers  # noqa: E402
 from hipipe_compiler.msccl.selection import serving  # noqa: E402

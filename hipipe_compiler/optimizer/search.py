@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from itertools import islice
 from typing import Iterable, Sequence
 
 from ..bounds import lower_bound_us
@@ -52,6 +51,8 @@ BANDWIDTH_RANKS = 256
 GRANULARITY_TOLERANCE = 0.01
 #: Best candidates after the descent that are also tried finer, for that preference.
 FINER_TRIALS = 3
+#: Candidates the coordinate descent starts from.
+SEEDS = 3
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
 #: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
@@ -364,19 +365,27 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
                   for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
-    before, skipped_before = search.evaluations, skipped
+    before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
     for knobs in extra:
         attempt(knobs)
     start += search.evaluations - before
     skipped = skipped_before
+    extras = {id(e) for e in evals[first_extra:]}
     rings = "ring" in default_algorithms(topo)
     if rings:  # the best few of the sweep also with both-way rings (or without, for seeds)
-        for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:BIDIR_TRIALS]:
+        for ev in sorted((e for e in evals if e.knobs is not None and id(e) not in extras), key=lambda e: e.score)[:BIDIR_TRIALS]:
             attempt(replace(ev.knobs, bidir=not ev.knobs.bidir))  # type: ignore[union-attr]
     def exact(ev: Evaluation) -> bool:
         return ev.knobs is None or search.exact(ev.plan)
 
-    seeds_ranked = list(islice((e for e in sorted(evals, key=lambda e: e.score) if e.knobs is not None and exact(e)), 3))
+    # the descent starts from the sweep's best three, and from the other protocols' and trees'
+    # best too when it beats them, with a share of budget of its own
+    ranked = [e for e in sorted(evals, key=lambda e: e.score) if e.knobs is not None and exact(e)]
+    seeds_ranked = [e for e in ranked if id(e) not in extras][:SEEDS]
+    best_extra = next((e for e in ranked if id(e) in extras), None)
+    if best_extra is not None and (len(seeds_ranked) < SEEDS or best_extra.score < seeds_ranked[-1].score):
+        seeds_ranked.append(best_extra)
+        budget += budget // SEEDS
 
     def spent() -> int:
         return search.evaluations - start + skipped

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from itertools import islice
+from typing import Callable, Iterable, Sequence
 
 from ..bounds import lower_bound_us
 from ..collector import settling
@@ -177,9 +178,15 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence
 def protocol_choices(topology: Topology) -> tuple[str, ...]:
     """The protocols the search weighs. Where every protocol pays the same alpha, LL only
     doubles the wire bytes, so it is left out (LL128 stays: its deeper FIFOs can pay)."""
-    if any(d.per_protocol for d in topology.dimensions):
+    if per_protocol(topology):
         return ("Simple", "LL128", "LL")
     return ("Simple", "LL128")
+
+
+def per_protocol(topology: Topology) -> bool:
+    """Whether some dimension's latency differs by protocol (the protocol is then a real
+    decision, and the search sweeps the low-latency ones)."""
+    return any(d.per_protocol for d in topology.dimensions)
 
 
 def has_large_switch(topology: Topology) -> bool:
@@ -251,8 +258,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     and all-gather lanes, and with one-shot for few chunks; then coordinate descent over
     every knob from the best three, judged at the window's middle. The five best (and the
     best of each finer nchunksperloop) are judged again at both ends of the window; the finest
-    within GRANULARITY_TOLERANCE of the best mean T / T_LB wins, and the `neighbour` window's
-    plan wins if it is within REUSE_TOLERANCE of that and no coarser.
+    within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (the best, in a window of one
+    size), and the `neighbour` window's plan wins if it is within REUSE_TOLERANCE of that and no
+    coarser.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
@@ -347,7 +355,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     extra: list[Knobs] = []
     if nominal < BANDWIDTH_WINDOW:  # where latency counts, the low-latency protocols and trees compete
         trees = allreduce and has_large_switch(topo)
-        for proto in protocol_choices(topo)[1:]:
+        # where every protocol pays the same alpha, LL128 stays a neighbour in the descent only
+        for proto in protocol_choices(topo)[1:] if per_protocol(topo) else ():
             for k in (1, 2, 4, 8, 16):
                 if k <= max_chunks:
                     extra += [Knobs(k, protocol=proto), Knobs(k, mix=True, ag_lane=True, protocol=proto),
@@ -361,7 +370,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                         extra.append(Knobs(k, ag_lane=True, tree=True, protocol=proto))
         if trees:
             extra += [Knobs(k, ag_lane=True, tree=True) for k in (1, 2, 4) if k <= max_chunks]
-    if len(protocol_choices(topo)) > 2 and nominal >= 1 << 20:
+    if per_protocol(topo) and nominal >= 1 << 20:
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
                   for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
@@ -380,10 +389,12 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     # the descent starts from the sweep's best three, and from the other protocols' and trees'
     # best too when it beats them, with a share of budget of its own
-    ranked = [e for e in sorted(evals, key=lambda e: e.score) if e.knobs is not None and exact(e)]
-    seeds_ranked = [e for e in ranked if id(e) not in extras][:SEEDS]
-    best_extra = next((e for e in ranked if id(e) in extras), None)
-    if best_extra is not None and (len(seeds_ranked) < SEEDS or best_extra.score < seeds_ranked[-1].score):
+    # (exact() lowers the probe ranks: it is asked of the few that could be picked only)
+    by_score = sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)
+    seeds_ranked = list(islice((e for e in by_score if id(e) not in extras and exact(e)), SEEDS))
+    best_extra = next((e for e in by_score if id(e) in extras
+                       and (len(seeds_ranked) < SEEDS or e.score < seeds_ranked[-1].score) and exact(e)), None)
+    if best_extra is not None:
         seeds_ranked.append(best_extra)
         budget += budget // SEEDS
 
@@ -407,16 +418,21 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         raise PlanError(f"no plan for {topo.label} has at most {search.max_nchunksperloop} chunks per loop "
                         f"(--max-nchunksperloop); the coarsest needs {topo.nranks}")
     # the best few also finer: fewer units per chunk, or fewer chunks, for the granularity preference
-    for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:FINER_TRIALS]:
+    ranged = min_bytes < max_bytes  # a window of one size needs only that size to divide
+    for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:FINER_TRIALS if ranged else 0]:
         k = ev.knobs
         assert k is not None
         for finer in (replace(k, granularity=max(1, k.granularity // 2)), replace(k, granularity=1),
                       replace(k, chunks=max(1, k.chunks // 2)), replace(k, chunks=max(1, k.chunks // 2), granularity=1)):
             attempt(finer)
     sizes = judged_sizes(min_bytes, max_bytes)
-    ordered = [e for e in sorted(evals, key=lambda e: e.score) if exact(e)]
-    finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*ordered[:5], *_finer(ordered))]
-    ranked = _granular(sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None)))
+    ordered = sorted(evals, key=lambda e: e.score)
+    top = list(islice((e for e in ordered if exact(e)), 5))
+    finer = _finer(ordered, top, exact) if ranged else []
+    finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
+    ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
+    if ranged:
+        ranked = _granular(ranked)
     best = ranked[0]
     if neighbour is not None and not forced:
         # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as
@@ -432,16 +448,21 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                   tuple(e.plan for e in ranked[1:]))
 
 
-def _finer(ordered: Sequence[Evaluation]) -> list[Evaluation]:
-    """For each nchunksperloop below the best candidate's, the best candidate with it, when
-    it is close enough at the window's middle to be within GRANULARITY_TOLERANCE overall."""
-    if not ordered:
+def _finer(ordered: Sequence[Evaluation], top: Sequence[Evaluation],
+           exact: Callable[[Evaluation], bool]) -> list[Evaluation]:
+    """For each nchunksperloop below the best finalist's, the best exact candidate with it
+    (candidates in score order), when it is close enough at the window's middle to be within
+    GRANULARITY_TOLERANCE overall."""
+    if not top:
         return []
     best: dict[int, Evaluation] = {}
     for e in ordered:
-        if e.score <= ordered[0].score * (1 + 2 * GRANULARITY_TOLERANCE):
-            best.setdefault(e.plan.nchunksperloop, e)
-    return [e for n, e in sorted(best.items()) if n < ordered[0].plan.nchunksperloop and e not in ordered[:5]]
+        if e.score > top[0].score * (1 + 2 * GRANULARITY_TOLERANCE):
+            break
+        n = e.plan.nchunksperloop
+        if n < top[0].plan.nchunksperloop and n not in best and e not in top and exact(e):
+            best[n] = e
+    return [e for _n, e in sorted(best.items())]
 
 
 def _granular(ranked: list[Evaluation]) -> list[Evaluation]:

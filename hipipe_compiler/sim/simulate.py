@@ -219,7 +219,8 @@ class _Simulator:
                 if self.shared[obj][3] == version:
                     self.finish_shared(obj)
             elif kind == "local":
-                self.complete_step(obj)
+                if self.complete_step(obj):
+                    self.advance(obj)
         stuck = [t for t in self.tbs.values() if not t.done]
         if stuck:
             t = min(stuck, key=lambda x: x.key)
@@ -263,20 +264,27 @@ class _Simulator:
         return self.step_bytes(st) / self.g if self.g else 0.0
 
     def advance(self, tb: _Tb) -> None:
-        """Move a threadblock forward from its current phase as far as it can go now."""
+        """Move a threadblock forward from its current phase as far as it can go now (a loop:
+        a long run of steps that complete at once would otherwise recurse past Python's limit)."""
+        while self.advance_step(tb):
+            pass
+
+    def advance_step(self, tb: _Tb) -> bool:
+        """Move a threadblock through its current step as far as it can go now; True when the
+        step completed and the next one may start at once."""
         if tb.done:
-            return
+            return False
         pos, st = tb.steps[tb.index]
         if tb.phase == "start":
             if not self.deps_met(tb):
-                return
+                return False
             tb.phase = "recv" if st.type in RECEIVING_TYPES else ("send" if st.type in SENDING_TYPES else "local")
         if tb.phase == "recv":
             conn = self.recv_queue(tb)
             queue = self.fifo[conn]
             if not queue or not queue[0].arrived:
                 self.recv_waiter[conn] = tb
-                return
+                return False
             self.recv_waiter.pop(conn, None)
             msg = queue.popleft()  # consumed now: it stops counting toward the window
             sender = self.window_waiter.pop(conn, None)
@@ -290,31 +298,33 @@ class _Simulator:
             if reduces and self.g:
                 tb.phase = "reduce:" + after
                 self.schedule(self.now + self.local_time(st), "local", tb)
-                return
+                return False
             tb.phase = after
         if tb.phase == "local":
             tb.phase = "finish"
             t = self.local_time(st) if st.type in ("cpy", "re") else 0.0
             if t > 0:
                 self.schedule(self.now + t, "local", tb)
-                return
+                return False
         if tb.phase == "send":
             conn = self.send_queue(tb)
             if len(self.fifo[conn]) >= self.window:
                 self.window_waiter[conn] = tb
-                return
+                return False
             self.send_message(tb, st, conn)
             tb.phase = "await"
-            return
+            return False
         if tb.phase == "finish":
-            self.complete_step(tb)
+            return self.complete_step(tb)
+        return False
 
-    def complete_step(self, tb: _Tb) -> None:
+    def complete_step(self, tb: _Tb) -> bool:
+        """Finish the threadblock's current step (or its reduction, before a send); True when
+        it should go on advancing now."""
         if tb.phase.startswith("reduce:"):
             tb.phase = tb.phase.split(":")[1]
             if tb.phase == "send":
-                self.advance(tb)
-                return
+                return True
         if tb.phase not in ("finish", "await"):
             tb.phase = "finish"
         pos, _st = tb.steps[tb.index]
@@ -332,8 +342,8 @@ class _Simulator:
                 self.progress[tb.key] = (self.iterations, -1)
                 for w in self.waiters.pop(tb.key, []):
                     self.schedule(self.now, "try", w)
-                return
-        self.advance(tb)
+                return False
+        return True
 
     # -- messages
     def link(self, a: int, b: int) -> tuple:
@@ -443,7 +453,8 @@ class _Simulator:
         sender = msg.sender
         if sender.waiting_message is msg:
             sender.waiting_message = None
-            self.complete_step(sender)
+            if self.complete_step(sender):
+                self.advance(sender)
 
 
 def probe_ranks(topology: Topology) -> list[int]:

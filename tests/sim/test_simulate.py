@@ -134,6 +134,15 @@ def test_iterations_repeat_the_program_and_pipeline_across_threadblocks():
     assert result.time_us == pytest.approx(2 * (2 + (2 << 20) / 100e3))
 
 
+def test_a_long_run_of_steps_that_complete_at_once_does_not_recurse():
+    """Thousands of copies with no reduction cost, over LL iterations: each step ends the
+    moment it starts, so the next one starts in the same instant."""
+    copies = [("cpy", 1)] * 2000
+    p = program(2, {0: [(1, -1, 0, [*copies, ("s", 1)])], 1: [(-1, 0, 0, [("r", 1), *copies])]}, protocol="LL")
+    result = simulate(p, switch(2), 128 << 10)  # 128 KiB in 32 KiB LL slices: 4 iterations
+    assert result.iterations == 4 and result.time_us > 0
+
+
 def test_dependencies_wait_in_the_same_iteration():
     # tb1 waits for tb0's copy; local work takes bytes / G
     p2 = program(2, {0: [(-1, -1, 0, [("cpy", 1, -1, -1, True)]), (-1, -1, 0, [("cpy", 1, 0, 0)])]})

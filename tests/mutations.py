@@ -290,34 +290,29 @@ def _moved(off: int, cnt: int, size: int) -> int | None:
 def wrong_destination(program: Program, index: int) -> Program | None:
     """A receive, reduction or copy writes one chunk off (in an all-gather: the data lands in another
     rank's block of the output)."""
-    sizes = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
-
-    def ok(p, g, tb, pos, st):
-        size = g.s_chunks if st.dstbuf == "s" else sizes[st.dstbuf]
-        return st.type in ("r", "rcs", "rrc", "rrcs", "cpy") and st.dstoff >= 0 and _moved(st.dstoff, st.cnt, size) is not None
-    site = _pick(_sites(program, ok), index)
-    if site is None:
-        return None
-    g = program.gpus[site[0]]
-    st = g.threadblocks[site[1]].steps[site[2]]
-    size = g.s_chunks if st.dstbuf == "s" else sizes[st.dstbuf]
-    return _replace_step(program, *site, dstoff=_moved(st.dstoff, st.cnt, size))
+    return _shifted(program, index, ("r", "rcs", "rrc", "rrcs", "cpy"), "dstbuf", "dstoff")
 
 
 def wrong_send_source(program: Program, index: int) -> Program | None:
     """A send reads its data one chunk off."""
+    return _shifted(program, index, ("s",), "srcbuf", "srcoff")
+
+
+def _shifted(program: Program, index: int, types: tuple[str, ...], buf: str, off: str) -> Program | None:
+    """The index-th step of these types with its `off` offset moved one chunk within its buffer."""
     sizes = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
 
+    def size_of(g, st) -> int:
+        return g.s_chunks if getattr(st, buf) == "s" else sizes[getattr(st, buf)]
+
     def ok(p, g, tb, pos, st):
-        size = g.s_chunks if st.srcbuf == "s" else sizes[st.srcbuf]
-        return st.type == "s" and st.srcoff >= 0 and _moved(st.srcoff, st.cnt, size) is not None
+        return st.type in types and getattr(st, off) >= 0 and _moved(getattr(st, off), st.cnt, size_of(g, st)) is not None
     site = _pick(_sites(program, ok), index)
     if site is None:
         return None
     g = program.gpus[site[0]]
     st = g.threadblocks[site[1]].steps[site[2]]
-    size = g.s_chunks if st.srcbuf == "s" else sizes[st.srcbuf]
-    return _replace_step(program, *site, srcoff=_moved(st.srcoff, st.cnt, size))
+    return _replace_step(program, *site, **{off: _moved(getattr(st, off), st.cnt, size_of(g, st))})
 
 
 def swap_messages(program: Program, index: int) -> Program | None:

@@ -387,6 +387,11 @@ def _bind(module: torch.nn.Module, doc: dict, world: int, source: str) -> list[_
     for o in doc["ops"]:
         if not 0 <= o["bucket"] < len(doc["buckets"]) or any(a.get("op_done", -1) >= o["seq"] for a in o["after"]):
             raise InputError(source, f"ops[{o['seq']}]", "expected a bucket that exists and dependencies on earlier ops")
+    waiting = next((o["seq"] for o in doc["ops"] if any("forward_start" in a for a in o["after"])), None)
+    late = next((o["seq"] for o in doc["ops"] if o["op"] in ("RS", "AR") and waiting is not None and o["seq"] > waiting), None)
+    if late is not None:
+        raise InputError(source, f"ops[{late}]", f"expected every reduce before op {waiting}, which waits for the next "
+                         "forward: the step needs every reduce done")
     for layer, waits in doc["forward_waits"].items():
         if layer not in set(layers) or any(w["op_done"] not in seqs for w in waits):
             raise InputError(source, f"forward_waits.{layer}", "expected a layer of the plan waiting for ops that exist")

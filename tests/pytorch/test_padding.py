@@ -10,18 +10,15 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (CPU build: torch==2.13.0+cpu)")
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("this torch build has no gloo backend", allow_module_level=True)
-mp = pytest.importorskip("torch.multiprocessing")
+from hipipe_compiler.coverage import directory_headers
+from hipipe_compiler.msccl.selection import serving
+
+from conftest import run_hipipe
+from gloo import require_gloo
+
+torch, dist, mp = require_gloo()
 #: one worker runs this module, so its process groups and compiled fixtures are made once
 pytestmark = pytest.mark.xdist_group("padding")
-
-from hipipe_compiler.coverage import directory_headers  # noqa: E402
-from hipipe_compiler.msccl.selection import serving  # noqa: E402
-
-from conftest import run_hipipe  # noqa: E402
 
 #: The windows the test directories cover; a call above them falls back to NCCL.
 SIZES = "1KiB:1MiB"

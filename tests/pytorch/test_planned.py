@@ -12,19 +12,17 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="torch is not installed: pip install '.[torch]' (CPU build: torch==2.13.0+cpu)")
-dist = pytest.importorskip("torch.distributed")
-if not dist.is_available() or not dist.is_gloo_available():
-    pytest.skip("this torch build has no gloo backend", allow_module_level=True)
-mp = pytest.importorskip("torch.multiprocessing")
+from hipipe_compiler.errors import InputError
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.training import SimulatedCost, plan_training
+from hipipe_compiler.training.planner import plan_document
+from hipipe_compiler.training.profiles import profile_from_document
+
+from gloo import require_gloo
+
+torch, dist, mp = require_gloo()
 #: one worker runs this module, so its process groups and compiled fixtures are made once
 pytestmark = pytest.mark.xdist_group("planned")
-
-from hipipe_compiler.errors import InputError  # noqa: E402
-from hipipe_compiler.topology import Dimension, Topology  # noqa: E402
-from hipipe_compiler.training import SimulatedCost, plan_training  # noqa: E402
-from hipipe_compiler.training.planner import plan_document  # noqa: E402
-from hipipe_compiler.training.profiles import profile_from_document  # noqa: E402
 
 STEPS = 4
 RTOL = 1e-5
@@ -276,7 +274,7 @@ def one_rank(tmp_path_factory):
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("case", ["world size", "model", "layers", "dtype", "corrupt", "schema"])
+@pytest.mark.parametrize("case", ["world size", "model", "layers", "dtype", "corrupt", "schema", "order"])
 def test_a_bad_plan_is_refused_and_changes_nothing(case, one_rank, tmp_path):
     from hipipe_compiler.torch import PlannedDataParallel
 
@@ -297,8 +295,11 @@ def test_a_bad_plan_is_refused_and_changes_nothing(case, one_rank, tmp_path):
         path = tmp_path / "plan.json"
         path.write_text(json.dumps(plan)[:-20])
         plan, expected = str(path), "plan.json"
-    else:
+    elif case == "schema":
         plan["ops"][0]["lane"], expected = -1, "ops[0].lane"
+    else:  # a reduce after an op that waits for the next forward: the step could never finish
+        plan["ops"][0]["after"].append({"forward_start": plan["buckets"][0]["layers"][0]})
+        expected = "ops[2]: expected every reduce before op 0, which waits for the next forward"
     before = {k: v.clone() for k, v in model.state_dict().items()}
     built = []
     with pytest.raises(InputError) as info:

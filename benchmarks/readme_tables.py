@@ -1,5 +1,5 @@
-"""The README's result tables and numbers, rendered from the benchmark results in
-samples/results/ (never typed by hand). Each generated part of README.md sits between
+"""The README's (and docs/pytorch.md's) result tables and numbers, rendered from the benchmark
+results in samples/results/ (never typed by hand). Each generated part sits between
 `<!-- begin: NAME ... -->` and `<!-- end: NAME -->` markers.
 
 Regenerate the results, then the README:
@@ -8,7 +8,8 @@ Regenerate the results, then the README:
     python benchmarks/compile_hipipe.py --save
     python benchmarks/compile_speed.py --save
     python benchmarks/training_table.py --save
-    python benchmarks/readme_tables.py            # rewrites README.md; --check only compares
+    python benchmarks/coverage.py --save
+    python benchmarks/readme_tables.py            # rewrites README.md and docs/pytorch.md; --check only compares
 
 tests/test_readme_results.py checks that README.md is what this renders, and re-runs a few
 cells of each table.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import sys
 import textwrap
@@ -25,13 +27,24 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from hipipe_compiler.windows import window_label
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "samples" / "results"
 README = REPO / "README.md"
+#: The documents with generated parts.
+DOCUMENTS = (README, REPO / "docs" / "pytorch.md")
 GRID_ROWS = {
     "C1": "C1: 8 × 4, NVSwitch + IB", "C3": "C3: 4 × 4 torus", "C5": "C5: 4 × 4 × 4 torus, falling bandwidth",
     "C6": "C6: 2 ring × 8 FC × 4 switch",
 }
+#: The rows with NCCL's per-protocol latencies (cost-model.md 1).
+PROTOCOL_ROWS = {"C1p": "C1p: C1, NCCL's latencies", "C6p": "C6p: C6, NCCL's latencies"}
+#: Utilisation targets of the protocol-aware rows, by size (issue: protocols).
+PROTOCOL_TARGETS = {64 << 10: 0.45, 256 << 10: 0.40, 1 << 20: 0.40, 4 << 20: 0.60, 16 << 20: 0.85}
+NCCL = ("nccl-ring-", "nccl-tree-")
+#: The sizes compared with NCCL: latency-bound, where its channel count does not change its hops.
+NCCL_LATENCY_BOUND = 1 << 20
 #: Algorithms of the grid that are ours (the rest are baselines).
 OURS = ("hipipe",)
 POLICIES = ("wfbp", "ddp", "dear", "pipedap", "hipipe")
@@ -57,25 +70,55 @@ def size_label(nbytes: int) -> str:
     return f"{nbytes}B"
 
 
-def grid_table(points: dict) -> str:
-    """U = T_LB / T of ours and (in brackets) of the best baseline, per topology and size."""
-    sizes = sorted({size for _topo, size in points})
-    lines = ["| U = T_LB / T, HiPIPE (best baseline) | " + " | ".join(size_label(s) for s in sizes) + " |",
-             "|---" * (len(sizes) + 1) + "|"]
-    for topo, label in GRID_ROWS.items():
+def grid_table(points: dict, rows: dict[str, str] = GRID_ROWS, protocols: bool = False) -> str:
+    """U = T_LB / T of ours and (in brackets) of the best baseline, per topology and size; with
+    `protocols`, also the protocol our program runs."""
+    sizes = sorted({size for topo, size in points if topo in rows})
+    title = "U = T_LB / T, HiPIPE " + ("and its protocol " if protocols else "") + "(best baseline)"
+    lines = [f"| {title} | " + " | ".join(size_label(s) for s in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+    for topo, label in rows.items():
         cells = []
         for size in sizes:
             algos = points[(topo, size)]
             ours = max(utilisation(algos[a]) or 0.0 for a in OURS if a in algos)
             best = max(utilisation(r) or 0.0 for a, r in algos.items() if a not in OURS)
-            cells.append(f"**{ours:.2f}** ({best:.2f})")
+            proto = f" {algos['hipipe']['protocol']}" if protocols else ""
+            cells.append(f"**{ours:.2f}**{proto} ({best:.2f})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def over_nccl(points: dict) -> str:
+    """How much faster ours is than the fastest NCCL algorithm (ring or tree, any protocol)
+    on the protocol-aware rows up to NCCL_LATENCY_BOUND: the geometric mean, and the smallest
+    and largest gain. (Above, our NCCL baselines' single channel understates NCCL.)"""
+    gains = []
+    for (topo, size), algos in sorted(points.items()):
+        if topo in PROTOCOL_ROWS and size <= NCCL_LATENCY_BOUND:
+            nccl = min(float(r["time_us"]) for a, r in algos.items() if a.startswith(NCCL) and r["time_us"])
+            gains.append((nccl / float(algos["hipipe"]["time_us"]), f"{topo} {size_label(size)}"))
+    mean = math.exp(sum(math.log(g) for g, _where in gains) / len(gains))
+    (low, at_low), (high, at_high) = min(gains), max(gains)
+    return f"{mean:.1f}x (geometric mean; from {low:.2f}x at {at_low} to {high:.1f}x at {at_high})"
+
+
+def protocol_targets(points: dict) -> str:
+    """Which protocol targets hold, and by how much the others miss."""
+    held, missed = [], []
+    for (topo, size), algos in sorted(points.items()):
+        want = PROTOCOL_TARGETS.get(size, 0.95 if size >= 64 << 20 else None)
+        if topo not in PROTOCOL_ROWS or want is None:
+            continue
+        u = utilisation(algos["hipipe"]) or 0.0
+        (held if u >= want else missed).append(f"{topo} {size_label(size)} ({u:.3f} against {want:.2f})")
+    text = f"{len(held)} of {len(held) + len(missed)} protocol-aware points meet their target"
+    return text + (f"; {', '.join(missed)} do not" if missed else "")
+
+
 def less_time(points: dict) -> str:
     """Mean time saved by ours against the unpipelined hierarchical all-reduce, in percent."""
-    saved = [1 - float(algos["hipipe"]["time_us"]) / float(algos["hierarchical"]["time_us"]) for algos in points.values()]
+    saved = [1 - float(algos["hipipe"]["time_us"]) / float(algos["hierarchical"]["time_us"])
+             for (topo, _size), algos in points.items() if topo in GRID_ROWS]
     return f"{100 * sum(saved) / len(saved):.0f}%"
 
 
@@ -108,10 +151,50 @@ def training_table() -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
+def coverage_table() -> str:
+    """Per profile: DDP's buckets served unpadded, by the default directory and by each capped
+    one, and padded by the default directory."""
+    data = json.loads((RESULTS / "coverage.json").read_text())
+    runs = data["runs"]
+    default = runs[0]
+
+    def served(run: dict, name: str) -> str:
+        p = run["profiles"][name]
+        return f"{p['served_calls']}/{p['calls']}, {p['served_bytes'] / p['bytes']:.1%}"
+
+    rows = [[name, *(served(r, name) for r in runs),
+             f"{default['profiles'][name]['padded']['served_calls']}/{default['profiles'][name]['calls']}, "
+             f"+{default['profiles'][name]['padded']['extra_bytes'] / default['profiles'][name]['bytes']:.4%}"]
+            for name in default["profiles"]]
+    headers = ["profile", *(f"unpadded, {_cap(r)}" for r in runs), "padded (hook), default"]
+    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+
+
+def coverage_cost() -> str:
+    """Per window of the default directory: the element multiple and U at the window's largest
+    size of the program that serves that size, in the default directory and each capped one."""
+    data = json.loads((RESULTS / "coverage.json").read_text())
+    runs = data["runs"]
+
+    def at(run: dict, k: int) -> str:
+        w = run["at_default_windows"][k]
+        return f"{w['element_multiple']}, {w['utilisation']:.3f}"
+
+    rows = [[window_label(w["min_bytes"], w["max_bytes"]), *(at(r, k) for r in runs)] for k, w in enumerate(runs[0]["windows"])]
+    return tabulate(rows, headers=["window", *(f"{_cap(r)}: multiple, U" for r in runs)], tablefmt="github",
+                    disable_numparse=True)
+
+
+def _cap(run: dict) -> str:
+    return f"--max-nchunksperloop {run['cap']}" if run["cap"] else "default"
+
+
 def sections() -> dict[str, str]:
     points = grid_points()
     return {"grid": grid_table(points), "less-time": less_time(points), "compile-times": compile_times(),
-            "training": training_table()}
+            "training": training_table(), "protocol-grid": grid_table(points, PROTOCOL_ROWS, protocols=True),
+            "over-nccl": over_nccl(points), "protocol-targets": protocol_targets(points),
+            "coverage": coverage_table(), "coverage-cost": coverage_cost()}
 
 
 MARKED = re.compile(r"(<!-- begin: ([a-z-]+)[^>]*-->)(.*?)(<!-- end: \2 -->)", re.S)
@@ -127,16 +210,23 @@ def render(text: str, parts: dict[str, str]) -> str:
 
 
 def main() -> int:
-    text = README.read_text()
-    new = render(text, sections())
-    if "--check" in sys.argv:
+    parts = sections()
+    stale = []
+    for doc in DOCUMENTS:
+        text = doc.read_text()
+        new = render(text, parts)
         if new != text:
-            print("README.md differs from the results in samples/results/: run python benchmarks/readme_tables.py")
+            stale.append(doc.relative_to(REPO))
+            if "--check" not in sys.argv:
+                doc.write_text(new)
+    if "--check" in sys.argv:
+        if stale:
+            print(f"{', '.join(map(str, stale))} differ from the results in samples/results/: "
+                  "run python benchmarks/readme_tables.py")
             return 1
-        print("README.md matches samples/results/")
+        print("the documents match samples/results/")
         return 0
-    README.write_text(new)
-    print("rewrote README.md from samples/results/")
+    print(f"rewrote {', '.join(map(str, stale)) or 'nothing'} from samples/results/")
     return 0
 
 

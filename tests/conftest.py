@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -51,6 +52,16 @@ def real_xml_files() -> list[Path]:
     """The real MSCCL files of ../shared/msccl-algorithms (empty when absent)."""
     root = SHARED / "msccl-algorithms"
     return sorted(root.glob("*/*.xml")) if root.exists() else []
+
+
+def real_xml_params(keep: Callable[[Path], bool] = lambda _p: True, limit: int | None = None) -> list:
+    """The real MSCCL files `keep` accepts (the first `limit`), as test parameters named
+    folder/file; in a clone without ../shared, one parameter that skips saying why."""
+    root = SHARED / "msccl-algorithms"
+    if not root.exists():
+        reason = f"{root} is absent: this clone has no ../shared beside it (set HIPIPE_SHARED_DIR to point at one)"
+        return [pytest.param(None, marks=pytest.mark.skip(reason=reason), id="no-shared")]
+    return [pytest.param(p, id=f"{p.parent.name}/{p.name}") for p in [p for p in real_xml_files() if keep(p)][:limit]]
 
 
 #: Per-protocol latencies (cost-model.md 1): NCCL's for NVLink, PCIe and the network.

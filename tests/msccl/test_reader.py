@@ -11,11 +11,11 @@ from hipipe_compiler.msccl import lexical_issues, read_program, write_program
 from hipipe_compiler.msccl.verify import verify
 from hipipe_compiler.topology import preset
 
-from conftest import real_xml_files, shared_path
+from conftest import real_xml_files, real_xml_params, shared_path
 from msccl_files import GOOD, XSD, emitted
 
 
-@pytest.mark.parametrize("path", real_xml_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", real_xml_params())
 def test_real_files_read_and_write_back_with_the_same_semantics(path):
     program = read_program(path)
     text = write_program(program)

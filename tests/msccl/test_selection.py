@@ -10,7 +10,7 @@ from hipipe_compiler.msccl.program import Program
 from hipipe_compiler.msccl.reader import read_header
 from hipipe_compiler.msccl.selection import call_bytes, element_multiple, refusal, serving, smallest_served
 
-from conftest import examples, real_xml_files
+from conftest import examples, real_xml_params
 
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall")
 
@@ -66,7 +66,7 @@ def test_element_multiple_counts_what_the_call_passes():
     assert call_bytes("allgather", 32, 8, 4) == 1024
 
 
-@pytest.mark.parametrize("path", real_xml_files()[:12], ids=lambda p: p.name)
+@pytest.mark.parametrize("path", real_xml_params(limit=12))
 def test_real_files_are_matched_by_their_own_header(path):
     algo = read_header(path)
     nbytes = max(algo.min_bytes, 1 << 20)

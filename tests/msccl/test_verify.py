@@ -15,7 +15,7 @@ from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 from hipipe_compiler.topology import preset
 
-from conftest import COLLECTIVES, SHARED, examples, real_xml_files, topologies
+from conftest import COLLECTIVES, SHARED, examples, real_xml_params, topologies
 from mutations import EXPECTED, MUTATIONS, duplicate_reduction
 
 # Verdicts of the shared real files (msccl-runtime.md 16); ndv5/ is byte-identical to ndv4/.
@@ -28,7 +28,7 @@ REAL_VERDICTS = {
 }
 
 
-@pytest.mark.parametrize("path", real_xml_files(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", real_xml_params())
 def test_real_files_verdicts_are_pinned(path):
     key = f"{'ndv4' if path.parent.name == 'ndv5' else path.parent.name}/{path.name}"
     report = verify(read_program(path))

@@ -18,7 +18,7 @@ from hipipe_compiler.sim import SimulationError, simulate, simulate_exact
 from hipipe_compiler.sim.simulate import probe_ranks, symmetric
 from hipipe_compiler.topology import Dimension, Topology, preset
 
-from conftest import COLLECTIVES, real_xml_files, topologies
+from conftest import COLLECTIVES, real_xml_params, topologies
 
 MB = 1_000_000
 
@@ -194,8 +194,7 @@ def test_a_message_waits_the_alpha_of_the_programs_protocol(protocol, alphas):
     assert simulate(program, c1p, program.nchunksperloop * 4).time_us == pytest.approx(alphas, abs=0.01)
 
 
-@pytest.mark.parametrize("path", [p for p in real_xml_files() if read_program(p).ngpus == 8],
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", real_xml_params(lambda p: read_program(p).ngpus == 8))
 def test_real_8_gpu_files_simulate_on_an_8_rank_switch(path):
     prog = read_program(path)
     topo = switch(8, bw=300, alpha=1)

@@ -1,14 +1,16 @@
-"""Which calls of real training jobs the compiled programs serve, and what the granularity cap
-costs: `hipipe compile --sizes 64KiB:1GiB` on a topology, with and without
-`--max-nchunksperloop`, then `hipipe coverage` for each built-in profile's DDP buckets.
+"""Which calls of real training jobs the compiled programs serve, and what the granularity caps
+cost: `hipipe compile --sizes 64KiB:1GiB` on a topology by default (nchunksperloop at most 256
+below 64 MiB, where gradient buckets land), without that cap (the fastest plan everywhere) and
+with `--max-nchunksperloop 256` everywhere, then `hipipe coverage` for each built-in profile's
+DDP buckets.
 
-    python benchmarks/coverage.py [--topo dgx-h100-8x4] [--caps 0 512 256] [--save]
+    python benchmarks/coverage.py [--topo dgx-h100-8x4] [--save]
 
-Targets (issue: coverage), on the default directory (no cap):
+Targets (issue: coverage), on the default directory:
 - padded to the smallest served count, 100 % of calls are served, for at most 0.1 % extra bytes;
 - unpadded, at least 50 % of the bytes of resnet50, bert_base and gpt2 are served;
 - T_LB / T is at least 0.95 in every window from 64 MiB up.
-The capped directories show what serving the calls unpadded costs, window by window.
+The other directories show what serving the calls unpadded costs, window by window.
 --save writes samples/results/coverage.json, which the docs' tables are made from.
 """
 
@@ -19,6 +21,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 from harness import hipipe, print_table, run_command, save
 
@@ -27,12 +30,17 @@ from hipipe_compiler.windows import window_label
 
 SIZES = "64KiB:1GiB"
 UNPADDED = ("resnet50", "bert_base", "gpt2")
+#: The directories compared: a label and the options of `hipipe compile` (the default first).
+RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("default", ()),
+    ("--max-bucket-nchunksperloop 0", ("--max-bucket-nchunksperloop", "0")),
+    ("--max-nchunksperloop 256", ("--max-nchunksperloop", "256")),
+)
 
 
-def compile_directory(topo: str, cap: int, out: Path) -> dict:
+def compile_directory(topo: str, options: Sequence[str], out: Path) -> dict:
     """`hipipe compile` into `out`; its per-window summary and wall seconds."""
-    args = [*hipipe(), "compile", topo, "--sizes", SIZES, "-o", out, "--json"]
-    done = run_command(args + (["--max-nchunksperloop", str(cap)] if cap else []))
+    done = run_command([*hipipe(), "compile", topo, "--sizes", SIZES, *options, "-o", out, "--json"])
     if done["returncode"] != 0:
         sys.exit(f"hipipe compile failed: {done['stderr'].strip()}")
     return {"seconds": done["seconds"], "windows": json.loads(done["stdout"])["windows"]}
@@ -67,18 +75,21 @@ def job_coverage(directory: Path, profile: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topo", default="dgx-h100-8x4")
-    parser.add_argument("--caps", type=int, nargs="+", default=[0, 512, 256], help="--max-nchunksperloop values (0: none)")
     parser.add_argument("--save", action="store_true", help="write samples/results/coverage.json")
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        for cap in args.caps:
-            out = Path(tmp) / f"cap{cap}"
-            compiled = compile_directory(args.topo, cap, out)
+        compiled = {}
+        for i, (label, options) in enumerate(RUNS):
+            out = Path(tmp) / f"run{i}"
+            compiled[label] = (out, compile_directory(args.topo, options, out))
+        # costs are compared at the windows of the directory that has the most (the finest split)
+        reference = max((c["windows"] for _out, c in compiled.values()), key=len)
+        for label, options in RUNS:
+            out, result = compiled[label]
             jobs = {name: job_coverage(out, name) for name in BUILTIN_PROFILES}
-            reference = runs[0]["windows"] if runs else compiled["windows"]
-            runs.append({"cap": cap or None, **compiled, "profiles": jobs,
-                         "at_default_windows": at_windows(out, args.topo, compiled["windows"], reference)})
+            runs.append({"label": label, "options": list(options), **result, "profiles": jobs,
+                         "at_windows": at_windows(out, args.topo, result["windows"], reference)})
     default = runs[0]
     print(f"{args.topo}, hipipe compile --sizes {SIZES}: DDP buckets (fp32, 1 MiB then 25 MiB) served")
     print_table([(name, *(f"{r['profiles'][name]['served_calls']}/{r['profiles'][name]['calls']} calls, "
@@ -86,12 +97,12 @@ def main() -> None:
                   f"{default['profiles'][name]['padded']['served_calls']}/{default['profiles'][name]['calls']}, "
                   f"+{default['profiles'][name]['padded']['extra_bytes'] / default['profiles'][name]['bytes']:.4%}")
                  for name in BUILTIN_PROFILES],
-                ("profile", *(f"cap {r['cap'] or 'none'}" for r in runs), "padded (no cap)"))
+                ("profile", *(r["label"] for r in runs), "padded (default)"))
     print()
     print_table([(window_label(w["min_bytes"], w["max_bytes"]),
-                  *(f"{r['at_default_windows'][k]['element_multiple']}, {r['at_default_windows'][k]['utilisation']:.3f}"
-                    for r in runs)) for k, w in enumerate(default["windows"])],
-                ("window (no cap), U at its largest size", *(f"cap {r['cap'] or 'none'}: x, U" for r in runs)))
+                  *(f"{r['at_windows'][k]['element_multiple']}, {r['at_windows'][k]['utilisation']:.3f}"
+                    for r in runs)) for k, w in enumerate(reference)],
+                ("window, U at its largest size", *(f"{r['label']}: x, U" for r in runs)))
     holds = []
     padded_ok = all(p["padded"]["served_calls"] == p["calls"] and p["padded"]["extra_bytes"] <= 0.001 * p["bytes"]
                     for p in default["profiles"].values())

@@ -152,8 +152,8 @@ def training_table() -> str:
 
 
 def coverage_table() -> str:
-    """Per profile: DDP's buckets served unpadded, by the default directory and by each capped
-    one, and padded by the default directory."""
+    """Per profile: DDP's buckets served unpadded, by the default directory and by the others
+    of benchmarks/coverage.py, and padded by the default directory."""
     data = json.loads((RESULTS / "coverage.json").read_text())
     runs = data["runs"]
     default = runs[0]
@@ -166,27 +166,23 @@ def coverage_table() -> str:
              f"{default['profiles'][name]['padded']['served_calls']}/{default['profiles'][name]['calls']}, "
              f"+{default['profiles'][name]['padded']['extra_bytes'] / default['profiles'][name]['bytes']:.4%}"]
             for name in default["profiles"]]
-    headers = ["profile", *(f"unpadded, {_cap(r)}" for r in runs), "padded (hook), default"]
+    headers = ["profile", *(f"unpadded, {r['label']}" for r in runs), "padded (hook), default"]
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
 def coverage_cost() -> str:
-    """Per window of the default directory: the element multiple and U at the window's largest
-    size of the program that serves that size, in the default directory and each capped one."""
+    """Per window (of the directory with the finest split): the element multiple, and U at the
+    window's largest size, of the program that serves that size in each directory."""
     data = json.loads((RESULTS / "coverage.json").read_text())
     runs = data["runs"]
 
     def at(run: dict, k: int) -> str:
-        w = run["at_default_windows"][k]
+        w = run["at_windows"][k]
         return f"{w['element_multiple']}, {w['utilisation']:.3f}"
 
-    rows = [[window_label(w["min_bytes"], w["max_bytes"]), *(at(r, k) for r in runs)] for k, w in enumerate(runs[0]["windows"])]
-    return tabulate(rows, headers=["window", *(f"{_cap(r)}: multiple, U" for r in runs)], tablefmt="github",
+    rows = [[window_label(w["min_bytes"], w["max_bytes"]), *(at(r, k) for r in runs)] for k, w in enumerate(runs[0]["at_windows"])]
+    return tabulate(rows, headers=["window", *(f"{r['label']}: multiple, U" for r in runs)], tablefmt="github",
                     disable_numparse=True)
-
-
-def _cap(run: dict) -> str:
-    return f"--max-nchunksperloop {run['cap']}" if run["cap"] else "default"
 
 
 def sections() -> dict[str, str]:

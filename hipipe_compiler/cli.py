@@ -16,8 +16,8 @@ from tabulate import tabulate
 
 from . import __version__
 from .compiler import (
-    ALGORITHMS, DTYPES, CompileOptions, Stopwatch, VerificationFailed, check_divisible, check_fits_one_file,
-    compile_range, window_summary, write_directory, write_file,
+    ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_WINDOW, DTYPES, CompileOptions, Stopwatch, VerificationFailed,
+    bucket_caps, check_divisible, check_fits_one_file, compile_range, window_summary, write_directory, write_file,
 )
 from .errors import InputError, PlanError
 from .files import check_output_path, write_atomic
@@ -33,7 +33,7 @@ from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
 from .units import format_size, parse_size, parse_size_range
-from .windows import window_label
+from .windows import size_windows, window_label
 
 
 RUNTIME_HELP = ("the runtime that will load the files, whose limits they must respect: "
@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cap the chunks per loop: the runtime runs a program only for element counts that are a multiple "
                    "of it, so a lower cap serves more calls unpadded, at some speed (default: none; among plans within "
                    "1%% of the fastest, the search already takes the finest)")
+    p.add_argument("--max-bucket-nchunksperloop", type=_int("--max-bucket-nchunksperloop", 0),
+                   default=BUCKET_NCHUNKSPERLOOP,
+                   help=f"the same cap for the size windows below {format_size(BUCKET_WINDOW)}, where training "
+                   f"frameworks' gradient buckets land (default {BUCKET_NCHUNKSPERLOOP}: bucket element counts are "
+                   "multiples of 256 and often of nothing larger; 0: no cap)")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help="XML dialect: executor (msccl-executor-nccl, RCCL) or legacy (microsoft/msccl)")
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
@@ -251,7 +256,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     options = CompileOptions(
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
         dtype_bytes=DTYPES[args.dtype], limits=Limits.for_runtime(args.runtime, args.max_tbs),
-        max_nchunksperloop=args.max_nchunksperloop,
+        max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=args.max_bucket_nchunksperloop or None,
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
     planner = None
@@ -281,6 +286,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
             "algorithm": args.algo, "dialect": args.dialect, "runtime": args.runtime, "dtype_bytes": options.dtype_bytes,
             "max_nchunksperloop": args.max_nchunksperloop,
+            "max_bucket_nchunksperloop": options.max_bucket_nchunksperloop if args.algo == "hipipe" else None,
+            "bucket_window_bytes": BUCKET_WINDOW,
             "windows": [window_summary(w) for w in windows],
         }
         with watch.phase("write"):
@@ -292,6 +299,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         where = f"{out}/ ({len(windows)} file(s); MSCCL_ALGO_DIR={out})" if directory else str(out)
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
         print(summary_table(summaries))
+        if args.algo == "hipipe" and directory:
+            cap = next((c for c in bucket_caps(topo, options, size_windows(lo, hi)) if c is not None), None)
+            if cap is not None:
+                print(f"below {format_size(BUCKET_WINDOW)} every program serves multiples of at most {cap} elements, as "
+                      "gradient buckets need; --max-bucket-nchunksperloop 0 takes the fastest plans instead")
     return 0
 
 

@@ -24,13 +24,21 @@ from .msccl.runtime import MAX_CHILDREN, Limits
 from .msccl.selection import element_multiple
 from .msccl.verify import Report, VerifyOptions, verify
 from .msccl.writer import Dialect, write_program
-from .optimizer import optimize
+from .optimizer import Knobs, build_plan, optimize
 from .schedule import Plan, hierarchical_plan, ring_plan
 from .sim import simulate_exact
 from .topology import Topology
 from .units import format_size
 from .windows import Window, size_windows
 
+#: Ranged windows that end below this size are where training frameworks' gradient buckets
+#: land (PyTorch DDP closes a bucket once it reaches 25 MiB; FSDP shards a layer at a time).
+BUCKET_WINDOW = 64 << 20
+#: The default cap on nchunksperloop in those windows (`--max-bucket-nchunksperloop`): a
+#: bucket's element count is a sum of tensor sizes, which for common hidden sizes (768 =
+#: 3 x 256, 1024, 2048, ...) is a multiple of 256 and often of nothing larger, so a finer
+#: program would never run for BERT's or GPT-2's buckets (docs/pytorch.md measures both).
+BUCKET_NCHUNKSPERLOOP = 256
 #: Algorithms `hipipe compile --algo` accepts.
 ALGORITHMS: tuple[str, ...] = ("hipipe", "hierarchical", "ring")
 #: Element sizes of the NCCL data types, for the runtime's divisibility rule.
@@ -52,6 +60,8 @@ class CompileOptions:
     limits: Limits = field(default_factory=Limits)
     check: bool = True
     max_nchunksperloop: int | None = None  # cap the element multiple, for users who cannot pad
+    # cap it in the windows where gradient buckets land (ranged windows below BUCKET_WINDOW); None: no cap
+    max_bucket_nchunksperloop: int | None = BUCKET_NCHUNKSPERLOOP
 
 
 @dataclass(frozen=True)
@@ -87,6 +97,9 @@ def check_options(topology: Topology, options: CompileOptions) -> None:
     cap = options.max_nchunksperloop
     if cap is not None and cap < topology.nranks:
         raise InputError(None, "--max-nchunksperloop", f"expected at least {topology.nranks} (one chunk per rank), got {cap}")
+    bucket = options.max_bucket_nchunksperloop
+    if bucket is not None and bucket < 1:
+        raise InputError(None, "--max-bucket-nchunksperloop", f"expected a positive integer, got {bucket}")
     check_fits_one_file(topology)
 
 
@@ -138,9 +151,24 @@ def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequenc
             progress(done[0], len(windows))
 
     choices = optimize(topology, options.collective, [(w.min_bytes, w.max_bytes) for w in windows], options.limits,
-                       progress=tick, dtype_bytes=options.dtype_bytes, max_nchunksperloop=options.max_nchunksperloop)
+                       progress=tick, dtype_bytes=options.dtype_bytes, max_nchunksperloop=options.max_nchunksperloop,
+                       caps=bucket_caps(topology, options, windows))
     return [(c.plan, {"choice": c.knobs.label if c.knobs else c.plan.label, "alternatives": c.alternatives})
             for c in choices]
+
+
+def bucket_caps(topology: Topology, options: CompileOptions, windows: Sequence[Window]) -> list[int | None]:
+    """The cap on nchunksperloop of each window: options.max_bucket_nchunksperloop in the ranged
+    windows below BUCKET_WINDOW, none elsewhere. A window of one size serves that size only, and
+    where even the coarsest plan needs more (a topology of many ranks) the cap could not make
+    a bucket's count selectable, and only cost time: there is none either."""
+    cap = options.max_bucket_nchunksperloop
+    if cap is None or not windows:
+        return [None] * len(windows)
+    w = windows[0]
+    if build_plan(topology, options.collective, w.min_bytes, w.max_bytes, Knobs(1)).nchunksperloop > cap:
+        return [None] * len(windows)
+    return [cap if w.min_bytes < w.max_bytes and w.max_bytes < BUCKET_WINDOW else None for w in windows]
 
 
 class Stopwatch:

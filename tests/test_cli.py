@@ -46,8 +46,18 @@ def test_every_window_states_its_element_multiple_and_the_cap_holds(tmp_path):
     manifest = json.loads((out / ".hipipe" / "manifest.json").read_text())
     assert manifest["max_nchunksperloop"] == 64
     assert [w["element_multiple"] for w in manifest["windows"]] == [w["element_multiple"] for w in windows]
+    assert manifest["max_bucket_nchunksperloop"] == 256 and manifest["bucket_window_bytes"] == 64 << 20
     table = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", tmp_path / "one.xml")
     assert "elements x" in table.stdout.splitlines()[1]
+
+
+def test_a_directory_says_when_its_bucket_windows_are_capped(tmp_path):
+    capped = run_hipipe("compile", "dgx-h100-8x2", "--sizes", "1MiB:4MiB", "-o", tmp_path / "capped")
+    fastest = run_hipipe("compile", "dgx-h100-8x2", "--sizes", "1MiB:4MiB", "--max-bucket-nchunksperloop", "0",
+                         "-o", tmp_path / "fastest")
+    assert capped.returncode == fastest.returncode == 0, capped.stderr + fastest.stderr
+    assert "below 64MiB every program serves multiples of at most 256 elements" in capped.stdout
+    assert "below 64MiB" not in fastest.stdout
 
 
 def test_quiet_prints_nothing(tmp_path):
@@ -100,6 +110,7 @@ def test_bad_topology_exits_2_with_one_line_and_no_output(tmp_path, name):
     (["--size", "1MiB", "--algo", "magic"], "--algo"),
     (["--size", "1MiB", "--max-nchunksperloop", "16"], "--max-nchunksperloop: expected at least 32 (one chunk per rank), got 16"),
     (["--size", "1MiB", "--algo", "ring", "--chunks", "4", "--max-nchunksperloop", "64"], "over the cap 64"),
+    (["--size", "1MiB", "--max-bucket-nchunksperloop", "-1"], "--max-bucket-nchunksperloop"),
 ])
 def test_bad_arguments_exit_2(tmp_path, args, needle):
     out = tmp_path / "out.xml"
@@ -111,8 +122,10 @@ def test_bad_arguments_exit_2(tmp_path, args, needle):
 
 def test_rccl_directories_fit_its_threadblock_limit(tmp_path):
     """RCCL parses every file of the world size at init and refuses more than 64 threadblocks:
-    the windows that take 72 on the executor get plans that fit."""
-    done = run_hipipe("compile", "torus-4x4", "--sizes", "16MiB:64MiB", "--runtime", "rccl", "-o", tmp_path / "rccl", "--json")
+    the windows that take 72 on the executor get plans that fit (the fastest plans: uncapped)."""
+    fastest = ("--max-bucket-nchunksperloop", "0")
+    done = run_hipipe("compile", "torus-4x4", "--sizes", "16MiB:64MiB", *fastest, "--runtime", "rccl", "-o", tmp_path / "rccl",
+                      "--json")
     assert done.returncode == 0, done.stderr
     windows = json.loads(done.stdout)["windows"]
     assert windows and all(w["threadblocks"] <= 64 for w in windows)
@@ -120,7 +133,7 @@ def test_rccl_directories_fit_its_threadblock_limit(tmp_path):
     assert manifest["runtime"] == "rccl"
     for xml in sorted((tmp_path / "rccl").glob("*.xml")):
         assert run_hipipe("verify", xml, "--runtime", "rccl").returncode == 0
-    executor = run_hipipe("compile", "torus-4x4", "--sizes", "16MiB:64MiB", "-o", tmp_path / "exec", "--json")
+    executor = run_hipipe("compile", "torus-4x4", "--sizes", "16MiB:64MiB", *fastest, "-o", tmp_path / "exec", "--json")
     widest = max(json.loads(executor.stdout)["windows"], key=lambda w: w["threadblocks"])
     assert widest["threadblocks"] > 64  # what the issue found: fine on the executor, refused by RCCL
     refused = [run_hipipe("verify", x, "--runtime", "rccl") for x in sorted((tmp_path / "exec").glob("*.xml"))]

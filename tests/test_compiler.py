@@ -6,12 +6,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hipipe_compiler.compiler import MANIFEST_DIR, CompileOptions, check_divisible, compile_range, write_directory
+from hipipe_compiler.compiler import (
+    BUCKET_NCHUNKSPERLOOP, BUCKET_WINDOW, MANIFEST_DIR, CompileOptions, bucket_caps, check_divisible, compile_range,
+    write_directory,
+)
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.files import check_output_path
 from hipipe_compiler.msccl import read_program
+from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.topology import preset
-from hipipe_compiler.windows import WIDE_WINDOWS_FROM, size_windows
+from hipipe_compiler.windows import WIDE_WINDOWS_FROM, Window, size_windows
+
+from conftest import topologies
 
 
 @given(st.integers(1, 1 << 40), st.integers(0, 1 << 40))
@@ -79,3 +85,39 @@ def test_bad_options_name_the_option():
         compile_range(preset("torus-4x4"), CompileOptions(algorithm="magic"), 1024, 2048)
     with pytest.raises(InputError, match="--chunks"):
         compile_range(preset("torus-4x4"), CompileOptions(chunks=0), 1024, 2048)
+
+
+@given(topologies(max_ranks=64), st.integers(10, 32), st.integers(0, 8))
+def test_bucket_caps_bound_only_the_ranged_windows_below_the_bucket_window(topo, lo_log2, octaves):
+    windows = [*size_windows(1 << lo_log2, 1 << (lo_log2 + octaves)), Window(1 << 20, 1 << 20)]
+    caps = bucket_caps(topo, CompileOptions(), windows)
+    assert bucket_caps(topo, CompileOptions(max_bucket_nchunksperloop=None), windows) == [None] * len(windows)
+    coarsest = build_plan(topo, "allreduce", 1 << lo_log2, 1 << lo_log2, Knobs(1)).nchunksperloop
+    for w, cap in zip(windows, caps):
+        if w.min_bytes < w.max_bytes and w.max_bytes < BUCKET_WINDOW and coarsest <= BUCKET_NCHUNKSPERLOOP:
+            assert cap == BUCKET_NCHUNKSPERLOOP
+        else:
+            assert cap is None  # nothing to serve more calls with, or no plan that could
+
+
+def test_a_topology_too_large_for_the_bucket_cap_is_not_capped():
+    """1024 ranks need 1024 chunks per loop at the least: no bucket count of 256 x an odd number
+    could select any program, so the cap would only cost time."""
+    windows = size_windows(1 << 20, 32 << 20)
+    assert bucket_caps(preset("pod-8x4x8x4"), CompileOptions(), windows) == [None] * len(windows)
+
+
+def test_gradient_bucket_windows_serve_bucket_counts_and_larger_windows_stay_the_fastest():
+    """On dgx-h100-8x2 the windows below 64 MiB take programs that a count of 256 x an odd
+    number can select (BERT's and GPT-2's buckets are such counts), the larger windows the
+    same programs as without the cap."""
+    topo, lo, hi = preset("dgx-h100-8x2"), 16 << 20, 128 << 20
+    default = compile_range(topo, CompileOptions(), lo, hi)
+    free = compile_range(topo, CompileOptions(max_bucket_nchunksperloop=None), lo, hi)
+    below = [w for w in default if w.window.max_bytes < BUCKET_WINDOW]
+    assert below and all(256 % w.plan.nchunksperloop == 0 for w in below)
+    assert any(w.plan.nchunksperloop > 256 for w in free if w.window.max_bytes < BUCKET_WINDOW)  # the cap had work to do
+    assert [w.plan for w in default if w.window.min_bytes >= BUCKET_WINDOW] == \
+        [w.plan for w in free if w.window.min_bytes >= BUCKET_WINDOW]
+    for w in default:
+        assert w.report is not None and w.report.ok

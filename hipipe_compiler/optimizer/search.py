@@ -106,9 +106,10 @@ class Search:
         """The runtime only runs a program when nchunksperloop divides the element count."""
         return nbytes % (plan.nchunksperloop * self.dtype_bytes) == 0
 
-    def allowed(self, plan: Plan) -> bool:
-        """Whether the plan's nchunksperloop is within the user's cap (--max-nchunksperloop)."""
-        return self.max_nchunksperloop is None or plan.nchunksperloop <= self.max_nchunksperloop
+    def allowed(self, plan: Plan, cap: int | None = None) -> bool:
+        """Whether the plan's nchunksperloop is within the user's cap (--max-nchunksperloop)
+        and the window's own `cap`, if any."""
+        return all(c is None or plan.nchunksperloop <= c for c in (self.max_nchunksperloop, cap))
 
     def exact(self, plan: Plan) -> bool:
         """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
@@ -251,7 +252,7 @@ ABLATIONS: dict[str, tuple[dict[str, object], bool]] = {
 
 def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Sequence[Knobs] = (),
                     budget: int | None = None, forced: dict[str, object] | None = None, baselines: bool = True,
-                    neighbour: Choice | None = None) -> Choice:
+                    neighbour: Choice | None = None, cap: int | None = None) -> Choice:
     """The best plan for calls of min_bytes..max_bytes, judged by the simulator.
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
@@ -260,7 +261,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     best of each finer nchunksperloop) are judged again at both ends of the window; the finest
     within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (the best, in a window of one
     size), and the `neighbour` window's plan wins if it is within REUSE_TOLERANCE of that and no
-    coarser.
+    coarser. `cap` bounds nchunksperloop in this window, besides the search's own cap.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
@@ -271,6 +272,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     def selectable(plan: Plan) -> bool:
         return search.divides(plan, min_bytes)
+
+    def allowed(plan: Plan) -> bool:
+        return search.allowed(plan, cap)
 
 
     start = search.evaluations
@@ -283,13 +287,13 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     base_evals: list[Evaluation | None] = []
     for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal):
-        if search.allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
+        if allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle, knobs))
     # the baselines under other protocols and NCCL's tree compete too, but take nothing from
     # the descent's budget
     before = search.evaluations
     for plan in _protocol_baselines(topo, coll, min_bytes, max_bytes, nominal):
-        if search.allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
+        if allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle))
     start += search.evaluations - before
     # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
@@ -313,11 +317,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             return None
         tried.add(knobs)
         plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
-        while not search.allowed(plan) and knobs.granularity > 1:  # as fine as the cap asks
+        while not allowed(plan) and knobs.granularity > 1:  # as fine as the cap asks
             knobs = replace(knobs, granularity=knobs.granularity // 2)
             tried.add(knobs)
             plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
-        if (strict and not selectable(plan)) or not search.allowed(plan):
+        if (strict and not selectable(plan)) or not allowed(plan):
             return None
         if hopeless(plan, (e.score for e in evals)):
             skipped += 1
@@ -415,7 +419,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                     best, improved = ev, True
                     break
     if not evals:
-        raise PlanError(f"no plan for {topo.label} has at most {search.max_nchunksperloop} chunks per loop "
+        limit = min(c for c in (search.max_nchunksperloop, cap, math.inf) if c is not None)
+        raise PlanError(f"no plan for {topo.label} has at most {limit} chunks per loop "
                         f"(--max-nchunksperloop); the coarsest needs {topo.nranks}")
     # the best few also finer: fewer units per chunk, or fewer chunks, for the granularity preference
     ranged = min_bytes < max_bytes  # a window of one size needs only that size to divide
@@ -439,7 +444,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         # good and no coarser: the windows then share a program if it does not depend on the window
         plan = neighbour.plan.with_window(min_bytes, max_bytes)
         previous = (search.judge(plan, sizes, neighbour.knobs)
-                    if (not strict or selectable(plan)) and search.allowed(plan) and search.exact(plan) else None)
+                    if (not strict or selectable(plan)) and allowed(plan) and search.exact(plan) else None)
         if (previous is not None and previous.score <= best.score * (1 + REUSE_TOLERANCE)
                 and previous.plan.nchunksperloop <= best.plan.nchunksperloop):
             ranked.insert(0, previous)
@@ -474,14 +479,14 @@ def _granular(ranked: list[Evaluation]) -> list[Evaluation]:
     return [pick, *(e for e in ranked if e is not pick)]
 
 
-def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | None:
+def _next_size(search: Search, previous: Choice, lo: int, hi: int, cap: int | None = None) -> Choice | None:
     """A window of the one size just past its neighbour's largest (such as 4GiB after
     1GiB..<4GiB) takes the neighbour's plan: that plan was judged one byte away. None when
     the plan does not fit or divide the size, or the window is wider."""
     if not lo == hi == previous.max_bytes + 1:
         return None
     plan = previous.plan.with_window(lo, hi)
-    if not search.divides(plan, lo) or not search.allowed(plan) or not search.exact(plan):
+    if not search.divides(plan, lo) or not search.allowed(plan, cap) or not search.exact(plan):
         return None
     ev = search.judge(plan, (lo,), previous.knobs)
     if ev is None:
@@ -490,16 +495,18 @@ def _next_size(search: Search, previous: Choice, lo: int, hi: int) -> Choice | N
 
 
 def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, int]], limits=None,
-             progress=None, dtype_bytes: int = 4, max_nchunksperloop: int | None = None) -> list[Choice]:
+             progress=None, dtype_bytes: int = 4, max_nchunksperloop: int | None = None,
+             caps: Sequence[int | None] | None = None) -> list[Choice]:
     """One Choice per window; each window starts from its neighbours' best knobs. With
-    `max_nchunksperloop`, no program needs element counts in larger multiples."""
+    `max_nchunksperloop`, no program needs element counts in larger multiples; `caps` bounds
+    them window by window."""
     search = Search(topology, collective, limits, dtype_bytes, max_nchunksperloop)
     out: list[Choice] = []
     with settling() as settle:
-        for lo, hi in windows:
+        for (lo, hi), cap in zip(windows, caps or [None] * len(windows)):
             seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
-            edge = _next_size(search, out[-1], lo, hi) if out else None
-            out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None))
+            edge = _next_size(search, out[-1], lo, hi, cap) if out else None
+            out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None, cap=cap))
             settle()  # the programs cached so far stay: later collections need not walk them
             if progress is not None:
                 progress(out[-1])

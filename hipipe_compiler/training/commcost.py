@@ -133,7 +133,9 @@ class SimulatedCost:
     A call of S bytes falls into one of the compiler's size windows; that window's program is
     compiled once (`algorithm`, as `hipipe compile` would) and the call is timed by the
     simulator at S padded up to a size the runtime can select the program for (a multiple of
-    nchunksperloop elements; see `call_bytes`). Programs and times are cached, so a planning
+    nchunksperloop elements; see `call_bytes`). Every call is padded, so no window caps its
+    element multiple for unpadded buckets (--max-bucket-nchunksperloop 0): each takes its
+    fastest program. Programs and times are cached, so a planning
     run compiles each window once however many bucket sizes it tries. `progress` is called
     with (collective, window) before each compile.
     """
@@ -141,7 +143,8 @@ class SimulatedCost:
     def __init__(self, topology: Topology, algorithm: str = "hipipe", dtype_bytes: int = 4,
                  limits: Limits | None = None, progress: Callable[[str, Window], None] | None = None) -> None:
         self.topology = topology
-        self.options = CompileOptions(algorithm=algorithm, dtype_bytes=dtype_bytes, limits=limits or Limits(), check=False)
+        self.options = CompileOptions(algorithm=algorithm, dtype_bytes=dtype_bytes, limits=limits or Limits(), check=False,
+                                      max_bucket_nchunksperloop=None)
         self.progress = progress
         self._programs: dict[tuple[str, Window], CompiledWindow] = {}
         self._times: dict[tuple[str, int], float] = {}

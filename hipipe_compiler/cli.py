@@ -259,6 +259,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=args.max_bucket_nchunksperloop or None,
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
+    # the cap that applies to some window (none for one size, a baseline, or too many ranks)
+    bucket_cap = (next((c for c in bucket_caps(topo, options, size_windows(lo, hi)) if c is not None), None)
+                  if args.algo == "hipipe" else None)
     planner = None
     bar = None
     if args.algo == "hipipe" and not args.quiet and not args.json and sys.stderr.isatty():
@@ -286,7 +289,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
             "algorithm": args.algo, "dialect": args.dialect, "runtime": args.runtime, "dtype_bytes": options.dtype_bytes,
             "max_nchunksperloop": args.max_nchunksperloop,
-            "max_bucket_nchunksperloop": options.max_bucket_nchunksperloop if args.algo == "hipipe" else None,
+            "max_bucket_nchunksperloop": bucket_cap,
             "bucket_window_bytes": BUCKET_WINDOW,
             "windows": [window_summary(w) for w in windows],
         }
@@ -299,11 +302,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         where = f"{out}/ ({len(windows)} file(s); MSCCL_ALGO_DIR={out})" if directory else str(out)
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
         print(summary_table(summaries))
-        if args.algo == "hipipe" and directory:
-            cap = next((c for c in bucket_caps(topo, options, size_windows(lo, hi)) if c is not None), None)
-            if cap is not None:
-                print(f"below {format_size(BUCKET_WINDOW)} every program serves multiples of at most {cap} elements, as "
-                      "gradient buckets need; --max-bucket-nchunksperloop 0 takes the fastest plans instead")
+        if bucket_cap is not None:
+            print(f"below {format_size(BUCKET_WINDOW)} every program serves multiples of at most {bucket_cap} elements, "
+                  "as gradient buckets need; --max-bucket-nchunksperloop 0 takes the fastest plans instead")
     return 0
 
 

@@ -58,6 +58,8 @@ def test_a_directory_says_when_its_bucket_windows_are_capped(tmp_path):
     assert capped.returncode == fastest.returncode == 0, capped.stderr + fastest.stderr
     assert "below 64MiB every program serves multiples of at most 256 elements" in capped.stdout
     assert "below 64MiB" not in fastest.stdout
+    manifests = [json.loads((tmp_path / d / ".hipipe" / "manifest.json").read_text()) for d in ("capped", "fastest")]
+    assert [m["max_bucket_nchunksperloop"] for m in manifests] == [256, None]
 
 
 def test_quiet_prints_nothing(tmp_path):

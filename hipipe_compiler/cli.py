@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from . import __version__
 from .compiler import (
-    ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_WINDOW, DTYPES, CompileOptions, Stopwatch, VerificationFailed,
+    ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_ROOM, BUCKET_WINDOW, DTYPES, CompileOptions, Stopwatch, VerificationFailed,
     bucket_caps, check_divisible, check_fits_one_file, compile_range, window_summary, write_directory, write_file,
 )
 from .errors import InputError, PlanError
@@ -122,10 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "of it, so a lower cap serves more calls unpadded, at some speed (default: none; among plans within "
                    "1%% of the fastest, the search already takes the finest)")
     p.add_argument("--max-bucket-nchunksperloop", type=_int("--max-bucket-nchunksperloop", 0),
-                   default=BUCKET_NCHUNKSPERLOOP,
-                   help=f"the same cap for the size windows below {format_size(BUCKET_WINDOW)}, where training "
-                   f"frameworks' gradient buckets land (default {BUCKET_NCHUNKSPERLOOP}: bucket element counts are "
-                   "multiples of 256 and often of nothing larger; 0: no cap)")
+                   help=f"hipipe: cap the element multiple (nchunksperloop, for an all-reduce) of the size windows below "
+                   f"{format_size(BUCKET_WINDOW)}, where training frameworks' gradient buckets land: their element "
+                   f"counts are often multiples of 256 and of nothing larger (default: {BUCKET_NCHUNKSPERLOOP} on "
+                   f"topologies whose coarsest plan needs at most {BUCKET_NCHUNKSPERLOOP // BUCKET_ROOM}, else none; "
+                   "0: none)")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help="XML dialect: executor (msccl-executor-nccl, RCCL) or legacy (microsoft/msccl)")
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
@@ -248,6 +249,11 @@ def cmd_topo(args: argparse.Namespace) -> int:
 # -- compile ----------------------------------------------------------------------------------
 
 
+def _bucket_setting(value: int | None) -> int | str | None:
+    """--max-bucket-nchunksperloop as CompileOptions takes it: absent "auto", 0 none."""
+    return "auto" if value is None else value or None
+
+
 def cmd_compile(args: argparse.Namespace) -> int:
     directory = args.sizes is not None
     out = check_output_path(args.output, directory)
@@ -256,7 +262,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     options = CompileOptions(
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
         dtype_bytes=DTYPES[args.dtype], limits=Limits.for_runtime(args.runtime, args.max_tbs),
-        max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=args.max_bucket_nchunksperloop or None,
+        max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=_bucket_setting(args.max_bucket_nchunksperloop),
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
     # the cap that applies to some window (none for one size, a baseline, or too many ranks)
@@ -303,8 +309,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
         print(summary_table(summaries))
         if bucket_cap is not None:
-            print(f"below {format_size(BUCKET_WINDOW)} every program serves multiples of at most {bucket_cap} elements, "
-                  "as gradient buckets need; --max-bucket-nchunksperloop 0 takes the fastest plans instead")
+            print(f"below {format_size(BUCKET_WINDOW)} every program of a range of sizes serves element counts in "
+                  f"multiples of at most {bucket_cap}, as gradient buckets need; --max-bucket-nchunksperloop 0 takes "
+                  "the fastest plans instead")
     return 0
 
 

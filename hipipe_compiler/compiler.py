@@ -14,14 +14,14 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 from .errors import InputError, PlanError
 from .files import write_atomic, writing
 from .lower import lower, lowering_key
 from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS, Program
 from .msccl.runtime import MAX_CHILDREN, Limits
-from .msccl.selection import element_multiple
+from .msccl.selection import count_multiple, element_multiple
 from .msccl.verify import Report, VerifyOptions, verify
 from .msccl.writer import Dialect, write_program
 from .optimizer import Knobs, build_plan, optimize
@@ -34,11 +34,14 @@ from .windows import Window, size_windows
 #: Ranged windows that end below this size are where training frameworks' gradient buckets
 #: land (PyTorch DDP closes a bucket once it reaches 25 MiB; FSDP shards a layer at a time).
 BUCKET_WINDOW = 64 << 20
-#: The default cap on nchunksperloop in those windows (`--max-bucket-nchunksperloop`): a
-#: bucket's element count is a sum of tensor sizes, which for common hidden sizes (768 =
-#: 3 x 256, 1024, 2048, ...) is a multiple of 256 and often of nothing larger, so a finer
+#: The default cap on the element multiple in those windows (`--max-bucket-nchunksperloop`):
+#: a bucket's element count is a sum of tensor sizes, which for common hidden sizes (768 =
+#: 3 x 256, 1024, 2048, ...) is often a multiple of 256 and of nothing larger, so a finer
 #: program would never run for BERT's or GPT-2's buckets (docs/pytorch.md measures both).
 BUCKET_NCHUNKSPERLOOP = 256
+#: By default the cap applies only where it leaves this many times the coarsest plan's
+#: multiple, room for a pipeline: on more ranks it would leave one-chunk plans only.
+BUCKET_ROOM = 4
 #: Algorithms `hipipe compile --algo` accepts.
 ALGORITHMS: tuple[str, ...] = ("hipipe", "hierarchical", "ring")
 #: Element sizes of the NCCL data types, for the runtime's divisibility rule.
@@ -60,8 +63,9 @@ class CompileOptions:
     limits: Limits = field(default_factory=Limits)
     check: bool = True
     max_nchunksperloop: int | None = None  # cap the element multiple, for users who cannot pad
-    # cap it in the windows where gradient buckets land (ranged windows below BUCKET_WINDOW); None: no cap
-    max_bucket_nchunksperloop: int | None = BUCKET_NCHUNKSPERLOOP
+    # cap the element multiple where gradient buckets land (ranged windows below BUCKET_WINDOW):
+    # "auto" is BUCKET_NCHUNKSPERLOOP where the topology leaves room for it (BUCKET_ROOM); None: no cap
+    max_bucket_nchunksperloop: int | Literal["auto"] | None = "auto"
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,10 @@ def check_options(topology: Topology, options: CompileOptions) -> None:
     if cap is not None and cap < topology.nranks:
         raise InputError(None, "--max-nchunksperloop", f"expected at least {topology.nranks} (one chunk per rank), got {cap}")
     bucket = options.max_bucket_nchunksperloop
-    if bucket is not None and bucket < 1:
-        raise InputError(None, "--max-bucket-nchunksperloop", f"expected a positive integer, got {bucket}")
+    if isinstance(bucket, int) and options.algorithm == "hipipe" and bucket < coarsest_multiple(topology, options.collective):
+        raise InputError(None, "--max-bucket-nchunksperloop", f"expected at least "
+                         f"{coarsest_multiple(topology, options.collective)} (the coarsest plan's element multiple "
+                         f"on {topology.nranks} ranks), or 0 for no cap; got {bucket}")
     check_fits_one_file(topology)
 
 
@@ -158,17 +164,23 @@ def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequenc
 
 
 def bucket_caps(topology: Topology, options: CompileOptions, windows: Sequence[Window]) -> list[int | None]:
-    """The cap on nchunksperloop of each window: options.max_bucket_nchunksperloop in the ranged
-    windows below BUCKET_WINDOW, none elsewhere. A window of one size serves that size only, and
-    where even the coarsest plan needs more (a topology of many ranks) the cap could not make
-    a bucket's count selectable, and only cost time: there is none either."""
-    cap = options.max_bucket_nchunksperloop
-    if cap is None or not windows:
+    """The cap on the element multiple of each window: options.max_bucket_nchunksperloop in the
+    ranged windows below BUCKET_WINDOW, none elsewhere (a window of one size serves that size
+    only). "auto" caps at BUCKET_NCHUNKSPERLOOP only where that leaves BUCKET_ROOM times the
+    coarsest plan's multiple: on more ranks it would cost the pipeline for little coverage."""
+    setting = options.max_bucket_nchunksperloop
+    if setting is None or not windows:
         return [None] * len(windows)
-    w = windows[0]
-    if build_plan(topology, options.collective, w.min_bytes, w.max_bytes, Knobs(1)).nchunksperloop > cap:
+    cap = BUCKET_NCHUNKSPERLOOP if setting == "auto" else setting
+    if setting == "auto" and coarsest_multiple(topology, options.collective) * BUCKET_ROOM > cap:
         return [None] * len(windows)
     return [cap if w.min_bytes < w.max_bytes and w.max_bytes < BUCKET_WINDOW else None for w in windows]
+
+
+def coarsest_multiple(topology: Topology, collective: str) -> int:
+    """The element multiple of the coarsest HiPIPE plan: no cap can go below it."""
+    plan = build_plan(topology, collective, 1 << 20, 1 << 20, Knobs(1))
+    return count_multiple(collective, topology.nranks, plan.nchunksperloop)
 
 
 class Stopwatch:

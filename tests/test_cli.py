@@ -56,10 +56,12 @@ def test_a_directory_says_when_its_bucket_windows_are_capped(tmp_path):
     fastest = run_hipipe("compile", "dgx-h100-8x2", "--sizes", "1MiB:4MiB", "--max-bucket-nchunksperloop", "0",
                          "-o", tmp_path / "fastest")
     assert capped.returncode == fastest.returncode == 0, capped.stderr + fastest.stderr
-    assert "below 64MiB every program serves multiples of at most 256 elements" in capped.stdout
+    assert "below 64MiB every program of a range of sizes serves element counts in multiples of at most 256" in capped.stdout
     assert "below 64MiB" not in fastest.stdout
     manifests = [json.loads((tmp_path / d / ".hipipe" / "manifest.json").read_text()) for d in ("capped", "fastest")]
     assert [m["max_bucket_nchunksperloop"] for m in manifests] == [256, None]
+    assert all(w["element_multiple"] <= 256 for w in manifests[0]["windows"])
+    assert any(w["element_multiple"] > 256 for w in manifests[1]["windows"])  # the cap had work to do
 
 
 def test_quiet_prints_nothing(tmp_path):
@@ -113,6 +115,7 @@ def test_bad_topology_exits_2_with_one_line_and_no_output(tmp_path, name):
     (["--size", "1MiB", "--max-nchunksperloop", "16"], "--max-nchunksperloop: expected at least 32 (one chunk per rank), got 16"),
     (["--size", "1MiB", "--algo", "ring", "--chunks", "4", "--max-nchunksperloop", "64"], "over the cap 64"),
     (["--size", "1MiB", "--max-bucket-nchunksperloop", "-1"], "--max-bucket-nchunksperloop"),
+    (["--sizes", "1MiB:4MiB", "--max-bucket-nchunksperloop", "16"], "--max-bucket-nchunksperloop: expected at least 32"),
 ])
 def test_bad_arguments_exit_2(tmp_path, args, needle):
     out = tmp_path / "out.xml"

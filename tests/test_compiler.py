@@ -1,6 +1,8 @@
 """Compiling size ranges: windows, merging, divisibility, output paths and the manifest."""
 
 import json
+import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -87,21 +89,27 @@ def test_bad_options_name_the_option():
         compile_range(preset("torus-4x4"), CompileOptions(chunks=0), 1024, 2048)
 
 
-@given(topologies(max_ranks=64), st.integers(10, 32), st.integers(0, 8))
-def test_bucket_caps_bound_only_the_ranged_windows_below_the_bucket_window(topo, lo_log2, octaves):
+@given(topologies(max_ranks=256), st.sampled_from(["allreduce", "reducescatter"]), st.integers(10, 32), st.integers(0, 8))
+def test_bucket_caps_bound_only_the_ranged_windows_below_the_bucket_window(topo, collective, lo_log2, octaves):
     windows = [*size_windows(1 << lo_log2, 1 << (lo_log2 + octaves)), Window(1 << 20, 1 << 20)]
-    caps = bucket_caps(topo, CompileOptions(), windows)
-    assert bucket_caps(topo, CompileOptions(max_bucket_nchunksperloop=None), windows) == [None] * len(windows)
-    coarsest = build_plan(topo, "allreduce", 1 << lo_log2, 1 << lo_log2, Knobs(1)).nchunksperloop
+    options = CompileOptions(collective=collective)
+    caps = bucket_caps(topo, options, windows)
+    assert bucket_caps(topo, replace(options, max_bucket_nchunksperloop=None), windows) == [None] * len(windows)
+    coarsest = build_plan(topo, collective, 1 << 20, 1 << 20, Knobs(1))
+    multiple = coarsest.nchunksperloop // math.gcd(coarsest.nchunksperloop, topo.nranks if collective != "allreduce" else 1)
+    room = multiple * 4 <= BUCKET_NCHUNKSPERLOOP  # else only one-chunk plans would fit under the cap
     for w, cap in zip(windows, caps):
-        if w.min_bytes < w.max_bytes and w.max_bytes < BUCKET_WINDOW and coarsest <= BUCKET_NCHUNKSPERLOOP:
-            assert cap == BUCKET_NCHUNKSPERLOOP
-        else:
-            assert cap is None  # nothing to serve more calls with, or no plan that could
+        assert cap == (BUCKET_NCHUNKSPERLOOP if room and w.min_bytes < w.max_bytes and w.max_bytes < BUCKET_WINDOW else None)
+    # an explicit cap applies wherever the coarsest plan fits it, and below that is refused
+    explicit = bucket_caps(topo, replace(options, max_bucket_nchunksperloop=max(multiple, 256)), windows)
+    assert [c is not None for c in explicit] == [w.min_bytes < w.max_bytes and w.max_bytes < BUCKET_WINDOW for w in windows]
+    if multiple > 1:
+        with pytest.raises(InputError, match="--max-bucket-nchunksperloop: expected at least"):
+            compile_range(topo, replace(options, max_bucket_nchunksperloop=multiple - 1), 1 << 20, 2 << 20)
 
 
 def test_a_topology_too_large_for_the_bucket_cap_is_not_capped():
-    """1024 ranks need 1024 chunks per loop at the least: no bucket count of 256 x an odd number
+    """1024 ranks need 2048 chunks per loop at the least: no bucket count of 256 x an odd number
     could select any program, so the cap would only cost time."""
     windows = size_windows(1 << 20, 32 << 20)
     assert bucket_caps(preset("pod-8x4x8x4"), CompileOptions(), windows) == [None] * len(windows)

@@ -26,8 +26,13 @@ from .program import Program, size_multiplier
 
 def element_multiple(program: Program) -> int:
     """The element counts (the API call's `count`) a program serves are multiples of this."""
-    mult = size_multiplier(program.collective, program.ngpus)  # count * mult must divide by nchunksperloop
-    return program.nchunksperloop // gcd(program.nchunksperloop, mult)
+    return count_multiple(program.collective, program.ngpus, program.nchunksperloop)
+
+
+def count_multiple(collective: str, nranks: int, nchunksperloop: int) -> int:
+    """element_multiple of a program with these header fields: count * the size multiplier
+    must divide by nchunksperloop."""
+    return nchunksperloop // gcd(nchunksperloop, size_multiplier(collective, nranks))
 
 
 def call_bytes(collective: str, nranks: int, count: int, dtype_bytes: int) -> int:

@@ -21,6 +21,7 @@ from ..collector import settling
 from ..errors import PlanError
 from ..lower import lower, lowering_key, same_schedule
 from ..msccl.program import PROTOCOLS, Program
+from ..msccl.selection import count_multiple
 from ..msccl.runtime import Limits
 from ..schedule.baselines import DIRECT_MAX_SIZE, default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
@@ -107,9 +108,11 @@ class Search:
         return nbytes % (plan.nchunksperloop * self.dtype_bytes) == 0
 
     def allowed(self, plan: Plan, cap: int | None = None) -> bool:
-        """Whether the plan's nchunksperloop is within the user's cap (--max-nchunksperloop)
-        and the window's own `cap`, if any."""
-        return all(c is None or plan.nchunksperloop <= c for c in (self.max_nchunksperloop, cap))
+        """Whether the plan's nchunksperloop is within the user's cap (--max-nchunksperloop),
+        and the element multiple its calls need within the window's own `cap`, if any."""
+        if self.max_nchunksperloop is not None and plan.nchunksperloop > self.max_nchunksperloop:
+            return False
+        return cap is None or count_multiple(plan.collective, self.topology.nranks, plan.nchunksperloop) <= cap
 
     def exact(self, plan: Plan) -> bool:
         """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
@@ -261,7 +264,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     best of each finer nchunksperloop) are judged again at both ends of the window; the finest
     within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (the best, in a window of one
     size), and the `neighbour` window's plan wins if it is within REUSE_TOLERANCE of that and no
-    coarser. `cap` bounds nchunksperloop in this window, besides the search's own cap.
+    coarser. `cap` bounds the element multiple of this window's calls, besides the search's
+    own cap on nchunksperloop.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
@@ -419,9 +423,13 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                     best, improved = ev, True
                     break
     if not evals:
-        limit = min(c for c in (search.max_nchunksperloop, cap, math.inf) if c is not None)
-        raise PlanError(f"no plan for {topo.label} has at most {limit} chunks per loop "
-                        f"(--max-nchunksperloop); the coarsest needs {topo.nranks}")
+        if cap is not None:
+            raise PlanError(f"no plan for {topo.label} that fits the runtime's limits needs element counts in multiples "
+                            f"of at most {cap} (--max-bucket-nchunksperloop)")
+        if search.max_nchunksperloop is not None:
+            raise PlanError(f"no plan for {topo.label} has at most {search.max_nchunksperloop} chunks per loop "
+                            f"(--max-nchunksperloop); the coarsest needs {topo.nranks}")
+        raise PlanError(f"no plan for {topo.label} fits the runtime's limits")
     # the best few also finer: fewer units per chunk, or fewer chunks, for the granularity preference
     ranged = min_bytes < max_bytes  # a window of one size needs only that size to divide
     for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:FINER_TRIALS if ranged else 0]:
@@ -499,7 +507,7 @@ def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, i
              caps: Sequence[int | None] | None = None) -> list[Choice]:
     """One Choice per window; each window starts from its neighbours' best knobs. With
     `max_nchunksperloop`, no program needs element counts in larger multiples; `caps` bounds
-    them window by window."""
+    those multiples window by window."""
     search = Search(topology, collective, limits, dtype_bytes, max_nchunksperloop)
     out: list[Choice] = []
     with settling() as settle:

@@ -102,10 +102,11 @@ def check_options(topology: Topology, options: CompileOptions) -> None:
     if cap is not None and cap < topology.nranks:
         raise InputError(None, "--max-nchunksperloop", f"expected at least {topology.nranks} (one chunk per rank), got {cap}")
     bucket = options.max_bucket_nchunksperloop
-    if isinstance(bucket, int) and options.algorithm == "hipipe" and bucket < coarsest_multiple(topology, options.collective):
-        raise InputError(None, "--max-bucket-nchunksperloop", f"expected at least "
-                         f"{coarsest_multiple(topology, options.collective)} (the coarsest plan's element multiple "
-                         f"on {topology.nranks} ranks), or 0 for no cap; got {bucket}")
+    if isinstance(bucket, int) and options.algorithm == "hipipe":
+        least = coarsest_multiple(topology, options.collective)
+        if bucket < least:
+            raise InputError(None, "--max-bucket-nchunksperloop", f"expected at least {least} (the coarsest plan's "
+                             f"element multiple on {topology.nranks} ranks), or 0 for no cap; got {bucket}")
     check_fits_one_file(topology)
 
 

@@ -21,8 +21,8 @@ from ..collector import settling
 from ..errors import PlanError
 from ..lower import lower, lowering_key, same_schedule
 from ..msccl.program import PROTOCOLS, Program
-from ..msccl.selection import count_multiple
 from ..msccl.runtime import Limits
+from ..msccl.selection import count_multiple
 from ..schedule.baselines import DIRECT_MAX_SIZE, default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
 from ..schedule.plan import Plan
@@ -279,7 +279,6 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     def allowed(plan: Plan) -> bool:
         return search.allowed(plan, cap)
-
 
     start = search.evaluations
     skipped = 0  # candidates dropped by their time floor: they count toward the budget

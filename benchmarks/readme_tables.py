@@ -151,11 +151,9 @@ def training_table() -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def coverage_table() -> str:
+def coverage_table(runs: list[dict]) -> str:
     """Per profile: DDP's buckets served unpadded, by the default directory and by the others
-    of benchmarks/coverage.py, and padded by the default directory."""
-    data = json.loads((RESULTS / "coverage.json").read_text())
-    runs = data["runs"]
+    of benchmarks/coverage.py (`runs` of coverage.json), and padded by the default directory."""
     default = runs[0]
 
     def served(run: dict, name: str) -> str:
@@ -170,11 +168,9 @@ def coverage_table() -> str:
     return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
 
 
-def coverage_cost() -> str:
+def coverage_cost(runs: list[dict]) -> str:
     """Per window (of the directory with the finest split): the element multiple, and U at the
     window's largest size, of the program that serves that size in each directory."""
-    data = json.loads((RESULTS / "coverage.json").read_text())
-    runs = data["runs"]
 
     def at(run: dict, k: int) -> str:
         w = run["at_windows"][k]
@@ -187,10 +183,11 @@ def coverage_cost() -> str:
 
 def sections() -> dict[str, str]:
     points = grid_points()
+    coverage = json.loads((RESULTS / "coverage.json").read_text())["runs"]
     return {"grid": grid_table(points), "less-time": less_time(points), "compile-times": compile_times(),
             "training": training_table(), "protocol-grid": grid_table(points, PROTOCOL_ROWS, protocols=True),
             "over-nccl": over_nccl(points), "protocol-targets": protocol_targets(points),
-            "coverage": coverage_table(), "coverage-cost": coverage_cost()}
+            "coverage": coverage_table(coverage), "coverage-cost": coverage_cost(coverage)}
 
 
 MARKED = re.compile(r"(<!-- begin: ([a-z-]+)[^>]*-->)(.*?)(<!-- end: \2 -->)", re.S)

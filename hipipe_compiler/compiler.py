@@ -62,7 +62,7 @@ class CompileOptions:
     dtype_bytes: int = 4
     limits: Limits = field(default_factory=Limits)
     check: bool = True
-    max_nchunksperloop: int | None = None  # cap the element multiple, for users who cannot pad
+    max_nchunksperloop: int | None = None  # cap every window's nchunksperloop, for users who cannot pad
     # cap the element multiple where gradient buckets land (ranged windows below BUCKET_WINDOW):
     # "auto" is BUCKET_NCHUNKSPERLOOP where the topology leaves room for it (BUCKET_ROOM); None: no cap
     max_bucket_nchunksperloop: int | Literal["auto"] | None = "auto"

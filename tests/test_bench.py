@@ -45,10 +45,24 @@ def test_rows_speedups_and_reports(tmp_path):
     records = list(csv.DictReader(io.StringIO(to_csv(rows))))
     assert len(records) == len(rows) and float(records[0]["time_us"]) == rows[0].time_us
     assert json.loads(to_json(rows))[0]["algorithm"] == rows[0].algorithm
+    assert "vs NCCL" not in text  # no NCCL algorithm ran
     png = tmp_path / "bench.png"
     plot(rows, png, grid)
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_rows_say_how_much_faster_than_the_fastest_nccl_algorithm():
+    grid = Grid({"C1p": preset("dgx-h100-8x4")}, (1 << 20,),
+                algorithms=("hierarchical-LL", "nccl-ring-LL", "nccl-tree-LL", "nccl-tree-Simple"))
+    rows = {r.algorithm: r for r in run_grid(grid, progress=False)}
+    fastest = min(r.time_us for name, r in rows.items() if name.startswith("nccl-"))
+    assert rows["nccl-tree-LL"].time_us == fastest and rows["nccl-tree-LL"].over_nccl == 1.0
+    for r in rows.values():
+        assert r.over_nccl == pytest.approx(fastest / r.time_us)
+    assert rows["hierarchical-LL"].over_nccl > 1  # three hops against the tree's chain and 2 log2 4
+    assert "vs NCCL" in table(list(rows.values()))
+    assert list(csv.DictReader(io.StringIO(to_csv(list(rows.values())))))[0]["over_nccl"]
 
 
 def test_bad_grid_files_name_the_field(tmp_path):

@@ -45,6 +45,10 @@ def test_the_rendering_follows_the_results():
     faster = {key: dict(algos, hipipe={**algos["hipipe"], "time_us": str(float(algos["hierarchical"]["time_us"]) / 2)})
               for key, algos in points.items()}
     assert tables.less_time(faster) == "50%"
+    nccl_twice = {key: {a: {**r, "time_us": str(2 * float(algos["hipipe"]["time_us"]))} if a.startswith(tables.NCCL) else r
+                        for a, r in algos.items()} for key, algos in points.items()}
+    for large in (False, True):
+        assert tables.over_nccl(nccl_twice, large).startswith("2.00x (geometric mean; from 2.00x")
 
 
 def saved_row(topology: str, nbytes: int, algorithm: str) -> dict:
@@ -53,8 +57,22 @@ def saved_row(topology: str, nbytes: int, algorithm: str) -> dict:
                     if (r["topology"], int(r["nbytes"]), r["algorithm"]) == (topology, nbytes, algorithm))
 
 
+def test_hipipe_is_never_slower_than_a_baseline_in_the_saved_grid():
+    """Every point of the saved grid, NCCL's algorithms on their channels included."""
+    points = readme_tables().grid_points()
+    assert len(points) == 6 * 8
+    for (topology, nbytes), algos in points.items():
+        ours = float(algos["hipipe"]["time_us"])
+        for name, row in algos.items():
+            if row["time_us"]:
+                assert ours <= float(row["time_us"]) * (1 + 1e-9), (topology, nbytes, name)
+        assert float(algos["hipipe"]["over_nccl"]) >= 1.0
+
+
 @pytest.mark.parametrize("topology,nbytes,algorithms", [
     ("C1", 1 << 20, ("hierarchical", "ring")),
+    # where NCCL's rings come closest to HiPIPE
+    ("C1", 1 << 30, ("nccl-ring-Simple",)),
     ("C3", 64 << 20, ("themis", "hierarchical-k4")),
     # the first size of a topology: HiPIPE's search starts fresh there, as in the grid's run
     ("C1", 64 << 10, ("hipipe",)),

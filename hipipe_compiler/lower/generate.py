@@ -46,7 +46,7 @@ class _Cells:
             start = self.n * self.offsets[k] + chunk.units * (
                 sum(p * w for p, w in zip(prefix, weights)) + v * weights[depth])
             return ((start, chunk.units * weights[depth]),)
-        owners = self._owners(order, depth, prefix, v, origin)
+        owners = self._owners(order, depth, prefix, v, origin, chunk.lane_of(0))
         ranges: list[list[int]] = []
         for r in owners:
             start = r * self.block_units + self.offsets[k]
@@ -57,9 +57,9 @@ class _Cells:
         return tuple((s, l) for s, l in ranges)
 
     def _owners(self, order: tuple[int, ...], depth: int, prefix: tuple[int, ...], v: int,
-                origin: tuple[int, ...]) -> list[int]:
+                origin: tuple[int, ...], lane: int = 0) -> list[int]:
         if self.plan.flat:
-            return [self.axes[0].member(0, v)]
+            return [self.axes[0].member(0, v, lane)]
         topo = self.plan.topology
         fixed = {order[i]: prefix[i] for i in range(depth)}
         fixed[order[depth]] = v
@@ -178,14 +178,14 @@ class Generator:
         chunk = plan.chunks[k]
         st = plan.stages(k)[j]
         axis = self.axes[st.axis]
-        n, p = axis.size, axis.pos(x)
+        alg = stage_algorithm(plan, st)
+        lane = chunk.lane_of(j)
+        n, p = axis.size, axis.pos(x, lane)
         prefix = tuple(self.axes[a].pos(x) for a in chunk.order[: st.depth])
         origin = tuple(self.axes[a].pos(x) for a in chunk.order[st.depth + 1:])
         fused = plan.layouts[st.axis] == "fused"
         ring = ring_axis(plan, st.axis)
-        alg = stage_algorithm(plan, st)
         blocks = [self.block_pieces(k, st.depth, prefix, v, origin, fused, alg in ("ring", "bidir")) for v in range(n)]
-        lane = chunk.lane_of(j)
         if alg == "tree":
             self._tree(ops, x, e, n, k, st, prefix, origin, lane, 0 if chunk.direction == 1 else 1)
         elif alg == "oneshot" and ring:
@@ -278,7 +278,7 @@ class Generator:
         so the next piece climbs while the last one comes down; tree 1 runs on lanes (and
         channels) apart from tree 0's, as a both-way ring's other direction does."""
         axis = self.axes[st.axis]
-        parent, children = axis.tree_links(x, tree)
+        parent, children = axis.tree_links(x, tree, lane)
         lane = lane if tree == 0 else -1 - lane  # the trees share links (the chains)
         base = tree * TREE_ROLES
         inp, own = self.rs_input(st.depth), "o"

@@ -14,7 +14,12 @@ TREE_ROLES = 4
 
 
 class Axis:
-    """A group structure: every rank has a position on the axis and a group of `size` ranks."""
+    """A group structure: every rank has a position on the axis and a group of `size` ranks.
+
+    On a flat axis, lane l's ring runs through the cycle translated by rank l's coordinates
+    (a translation keeps every link), so that lanes, like NCCL's channels, cross each
+    dimension through different ports; lane 0 runs Topology.ring_order itself.
+    """
 
     def __init__(self, topology: Topology, flat: bool, index: int) -> None:
         self.topology = topology
@@ -27,21 +32,35 @@ class Axis:
         else:
             self.size = topology.dimensions[index].size
 
-    def pos(self, rank: int) -> int:
-        return self.position[rank] if self.flat else self.topology.coord(rank, self.index)
+    def pos(self, rank: int, lane: int = 0) -> int:
+        if self.flat:
+            return self.position[self._translate(rank, lane, -1)]
+        return self.topology.coord(rank, self.index)
 
-    def member(self, rank: int, pos: int) -> int:
+    def member(self, rank: int, pos: int, lane: int = 0) -> int:
         pos %= self.size
         if self.flat:
-            return self.cycle[pos]
+            return self._translate(self.cycle[pos], lane, 1)
         return self.topology.shift(rank, self.index, pos - self.topology.coord(rank, self.index))
 
-    def tree_links(self, rank: int, tree: int) -> tuple[int, tuple[int, ...]]:
+    def _translate(self, rank: int, lane: int, sign: int) -> int:
+        """`rank` moved by sign times the coordinates of rank `lane` (mod each dimension)."""
+        if lane <= 0:
+            return rank
+        topo = self.topology
+        by = topo.coords(lane % topo.nranks)
+        return topo.rank([(c + sign * t) % d.size for c, t, d in zip(topo.coords(rank), by, topo.dimensions)])
+
+    def tree_links(self, rank: int, tree: int, lane: int = 0) -> tuple[int, tuple[int, ...]]:
         """(parent or -1, children) of a rank in tree 0 or 1 of this axis: NCCL's tree over
-        every rank on a flat axis, a binary tree over the positions of a dimension."""
+        every rank on a flat axis (translated on lane `lane`, as rings are), a binary tree
+        over the positions of a dimension."""
         if self.flat:
             parent, children = nccl_tree(self.topology, tree)
-            return parent[rank], children[rank]
+            home = self._translate(rank, lane, -1)
+            up = parent[home]
+            return ((self._translate(up, lane, 1) if up >= 0 else -1),
+                    tuple(self._translate(c, lane, 1) for c in children[home]))
         parent, children = binary_tree(self.size, tree)
         p = self.pos(rank)
         up = parent[p]
@@ -73,19 +92,26 @@ class Role:
     offset: int  # ring direction, peer offset for direct, tree and relation for a tree
     side: str  # both, send, recv, local
 
+    @property
+    def channel_lane(self) -> int:
+        """The lane of the chunks this role serves: a chunk's other ring direction and its
+        second tree run on lane -1 - lane, and a flat axis translates by the chunk's lane."""
+        return self.lane if self.lane >= 0 else -1 - self.lane
+
     def peers(self, axis: Axis | None, rank: int) -> tuple[int, int]:
         if axis is None:
             return -1, -1
         if self.algorithm == "tree":  # offset: tree * TREE_ROLES + (0: the parent, 1 + i: child i)
             tree, relation = divmod(self.offset, TREE_ROLES)
-            parent, children = axis.tree_links(rank, tree)
+            parent, children = axis.tree_links(rank, tree, self.channel_lane)
             peer = parent if relation == 0 else children[relation - 1]
             return (peer, -1) if self.side == "send" else (-1, peer)
-        p = axis.pos(rank)
+        lane = self.channel_lane
+        p = axis.pos(rank, lane)
         if self.algorithm == "ring":
-            send, recv = axis.member(rank, p + self.offset), axis.member(rank, p - self.offset)
+            send, recv = axis.member(rank, p + self.offset, lane), axis.member(rank, p - self.offset, lane)
         else:
-            send = recv = axis.member(rank, p + self.offset)
+            send = recv = axis.member(rank, p + self.offset, lane)
         if self.side == "send":
             recv = -1
         elif self.side == "recv":

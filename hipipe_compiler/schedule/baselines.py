@@ -126,12 +126,18 @@ def ring_plan(
     max_bytes: int = 0,
     nominal_bytes: int = 0,
     label: str = "",
+    channels: int = 1,
 ) -> Plan:
-    """One ring through every rank (the NCCL-style flat ring), with `chunks` pipelined chunks."""
+    """One ring through every rank (the NCCL-style flat ring), with `chunks` pipelined chunks;
+    with `channels`, that many rings side by side, each through the cycle translated by
+    another rank's coordinates, so that they cross each dimension through different ports,
+    as NCCL's channels do (chunks take the channels in turn)."""
     if chunks < 1:
         raise InputError(None, "chunks", f"expected an integer >= 1, got {chunks}")
+    if channels < 1:
+        raise InputError(None, "channels", f"expected an integer >= 1, got {channels}")
     algs = default_algorithms(topology, flat=True)
-    plan_chunks = tuple(ChunkPlan(1, (0,), 1, 0) for _ in range(chunks))
+    plan_chunks = tuple(ChunkPlan(1, (0,), 1, i % channels) for i in range(chunks))
     plan = Plan(
         topology=topology, collective=collective, chunks=plan_chunks, algorithms=algs,
         layouts=auto_layouts(topology, True, plan_chunks, algs, protocol, max_bytes), protocol=protocol, flat=True,
@@ -143,6 +149,56 @@ def ring_plan(
     return plan
 
 
+#: Most rings NCCL's ring baseline runs side by side (NCCL runs up to 32 channels; 16 keeps
+#: a 64-rank program within the runtime's XML reader).
+NCCL_CHANNELS = 16
+
+
+def nccl_channels(topology: Topology) -> int:
+    """The channels of NCCL's ring on this topology: one per rank of a node (the dimensions
+    inside the outermost), as NCCL gives each NIC of a rail-optimised node a ring of its own,
+    at most NCCL_CHANNELS; a one-dimensional topology is one node."""
+    per_node = topology.nranks // topology.dimensions[-1].size if topology.ndims > 1 else topology.nranks
+    return max(1, min(NCCL_CHANNELS, per_node))
+
+
+def nccl_ring_plan(
+    topology: Topology,
+    collective: str = "allreduce",
+    protocol: str = "Simple",
+    min_bytes: int = 0,
+    max_bytes: int = 0,
+    nominal_bytes: int = 0,
+) -> Plan:
+    """NCCL's ring algorithm: nccl_channels rings through every rank side by side, each
+    crossing the dimensions through other ports, one chunk each."""
+    channels = nccl_channels(topology)
+    return ring_plan(topology, collective, channels, protocol, min_bytes, max_bytes, nominal_bytes,
+                     label=f"nccl-ring-{protocol}", channels=channels)
+
+
+#: Most channels of NCCL's tree baseline: each channel's two trees take about eight
+#: threadblocks per rank, and all of them must be resident at once.
+NCCL_TREE_CHANNELS = 8
+#: Chunk pairs per channel of NCCL's tree baseline (NCCL pipelines its trees by chunks).
+NCCL_TREE_CHUNKS = 2
+
+
+def nccl_tree_plan(
+    topology: Topology,
+    collective: str = "allreduce",
+    protocol: str = "Simple",
+    min_bytes: int = 0,
+    max_bytes: int = 0,
+    nominal_bytes: int = 0,
+) -> Plan:
+    """NCCL's tree algorithm: nccl_channels channels (at most NCCL_TREE_CHANNELS), each with
+    its own translated pair of trees and NCCL_TREE_CHUNKS chunk pairs."""
+    channels = min(NCCL_TREE_CHANNELS, nccl_channels(topology))
+    return tree_plan(topology, collective, NCCL_TREE_CHUNKS * channels, protocol, min_bytes, max_bytes, nominal_bytes,
+                     channels=channels)
+
+
 def tree_plan(
     topology: Topology,
     collective: str = "allreduce",
@@ -152,16 +208,20 @@ def tree_plan(
     max_bytes: int = 0,
     nominal_bytes: int = 0,
     label: str = "",
+    channels: int = 1,
 ) -> Plan:
     """NCCL's tree all-reduce: a chain through each node's GPUs and NCCL's double binary tree
     across the nodes (schedule/trees.py), `chunks` pairs of chunks, one per tree, reduced up
     and broadcast back down. Latency-bound: 2 (chain + log2 nodes) hops, the whole buffer
-    over every link of the trees."""
+    over every link of the trees. With `channels`, the pairs take that many channels in turn,
+    each with the trees translated as a ring's channels are (other GPUs join the nodes)."""
     if chunks < 1:
         raise InputError(None, "chunks", f"expected an integer >= 1, got {chunks}")
+    if channels < 1:
+        raise InputError(None, "channels", f"expected an integer >= 1, got {channels}")
     if not nccl_tree_fits(topology):
         raise PlanError(f"NCCL's tree needs links {topology.label} lacks: its outer dimensions must be switches")
-    plan_chunks = tuple(ChunkPlan(1, (0,), d, 0) for _ in range(chunks) for d in (1, -1))
+    plan_chunks = tuple(ChunkPlan(1, (0,), d, i % channels) for i in range(chunks) for d in (1, -1))
     plan = Plan(
         topology=topology, collective=collective, chunks=plan_chunks, algorithms=("tree",), layouts=("split",),
         protocol=protocol, flat=True, min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,

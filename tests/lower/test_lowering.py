@@ -43,9 +43,12 @@ def assert_within_limits(program, limits=Limits()):
 
 
 @given(topologies(max_ranks=64), st.sampled_from(COLLECTIVES), st.integers(1, 3),
-       st.sampled_from([1 << 20, 1 << 30]), st.booleans())
-def test_baselines_verify_for_random_topologies(topo, coll, chunks, max_bytes, flat):
-    plan = (ring_plan if flat else hierarchical_plan)(topo, coll, chunks, max_bytes=max_bytes)
+       st.sampled_from([1 << 20, 1 << 30]), st.booleans(), st.integers(1, 4))
+def test_baselines_verify_for_random_topologies(topo, coll, chunks, max_bytes, flat, channels):
+    if flat:  # rings side by side, each through another translation of the cycle (NCCL's channels)
+        plan = ring_plan(topo, coll, chunks * channels, max_bytes=max_bytes, channels=channels)
+    else:
+        plan = hierarchical_plan(topo, coll, chunks, max_bytes=max_bytes)
     program = lower(plan)
     report = verify(program)
     assert report.ok, report.violations[:3]

@@ -211,14 +211,21 @@ def _worker(rank: int, world: int, rendezvous: str, plans: dict, out: str) -> No
         dist.destroy_process_group()
 
 
+#: Each world size's run, kept for the module's life: a run takes minutes, and pytest makes a
+#: module fixture again whenever the tests that use it do not run back to back.
+RUNS: dict[int, tuple] = {}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
 def run(request):
     world = request.param
-    plans = plans_for(world)
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "results.pt"
-        mp.spawn(_worker, args=(world, str(Path(tmp) / "rendezvous"), plans, str(out)), nprocs=world)
-        return world, plans, torch.load(out, weights_only=False)
+    if world not in RUNS:
+        plans = plans_for(world)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "results.pt"
+            mp.spawn(_worker, args=(world, str(Path(tmp) / "rendezvous"), plans, str(out)), nprocs=world)
+            RUNS[world] = (world, plans, torch.load(out, weights_only=False))
+    return RUNS[world]
 
 
 def test_every_policy_trains_like_ddp(run):

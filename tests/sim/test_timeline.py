@@ -38,6 +38,10 @@ def check_png(path: Path, min_width: int = 600, min_height: int = 200, min_colou
     assert len(colours) >= min_colours, f"{path} has {len(colours)} colours: blank?"
 
 
+#: One worker runs this module, so the recorded call below is compiled and simulated once.
+pytestmark = pytest.mark.xdist_group("timeline")
+
+
 @pytest.fixture(scope="module")
 def recorded():
     topo = load_topology(SAMPLES / "dgx-h100-8x4.yaml")

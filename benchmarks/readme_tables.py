@@ -43,10 +43,10 @@ PROTOCOL_ROWS = {"C1p": "C1p: C1, NCCL's latencies", "C6p": "C6p: C6, NCCL's lat
 #: Utilisation targets of the protocol-aware rows, by size (issue: protocols).
 PROTOCOL_TARGETS = {64 << 10: 0.45, 256 << 10: 0.40, 1 << 20: 0.40, 4 << 20: 0.60, 16 << 20: 0.85}
 NCCL = ("nccl-ring-", "nccl-tree-")
-#: The sizes compared with NCCL: the latency-bound ones up to here, the bandwidth-bound ones
-#: from BANDWIDTH_BOUND up.
+#: The sizes compared with NCCL: the latency-bound ones up to NCCL_LATENCY_BOUND, the
+#: bandwidth-bound ones from NCCL_BANDWIDTH_BOUND up (4-16 MiB, between them, are in the tables only).
 NCCL_LATENCY_BOUND = 1 << 20
-BANDWIDTH_BOUND = 64 << 20
+NCCL_BANDWIDTH_BOUND = 64 << 20
 #: Algorithms of the grid that are ours (the rest are baselines).
 OURS = ("hipipe",)
 POLICIES = ("wfbp", "ddp", "dear", "pipedap", "hipipe")
@@ -92,11 +92,11 @@ def grid_table(points: dict, rows: dict[str, str] = GRID_ROWS, protocols: bool =
 
 def over_nccl(points: dict, large: bool = False) -> str:
     """How much faster ours is than the fastest NCCL algorithm (ring or tree, any protocol)
-    on the protocol-aware rows up to NCCL_LATENCY_BOUND (or, if `large`, from BANDWIDTH_BOUND
+    on the protocol-aware rows up to NCCL_LATENCY_BOUND (or, if `large`, from NCCL_BANDWIDTH_BOUND
     up): the geometric mean, and the smallest and largest gain."""
     gains = []
     for (topo, size), algos in sorted(points.items()):
-        if topo in PROTOCOL_ROWS and (size >= BANDWIDTH_BOUND if large else size <= NCCL_LATENCY_BOUND):
+        if topo in PROTOCOL_ROWS and (size >= NCCL_BANDWIDTH_BOUND if large else size <= NCCL_LATENCY_BOUND):
             nccl = min(float(r["time_us"]) for a, r in algos.items() if a.startswith(NCCL) and r["time_us"])
             gains.append((nccl / float(algos["hipipe"]["time_us"]), f"{topo} {size_label(size)}"))
     mean = math.exp(sum(math.log(g) for g, _where in gains) / len(gains))

@@ -146,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-rank", action="store_true", help="timeline: one set of rows per rank of --rank")
 
     p = sub.add_parser("bench", help="every algorithm on every topology and size of a grid, side by side")
-    p.add_argument("--grid", default=None, help="grid file (default: benchmarks/grid.yaml of the checkout, configs C1 C3 C5 C6 and their per-protocol C1p C6p)")
+    p.add_argument("--grid", default=None, help="grid file (default: benchmarks/grid.yaml of the checkout, configs C1 C3 C5 C6, and C1p C6p with per-protocol latencies)")
     p.add_argument("--sizes", nargs="+", type=_size("--sizes"), help="override the grid's sizes, e.g. 1MiB 64MiB 1GiB")
     p.add_argument("--algos", nargs="+", help="override the grid's algorithms")
     p.add_argument("--topo", nargs="+", help="benchmark these topologies (files or presets) instead of the grid's")

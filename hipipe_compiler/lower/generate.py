@@ -46,7 +46,7 @@ class _Cells:
             start = self.n * self.offsets[k] + chunk.units * (
                 sum(p * w for p, w in zip(prefix, weights)) + v * weights[depth])
             return ((start, chunk.units * weights[depth]),)
-        owners = self._owners(order, depth, prefix, v, origin, chunk.lane_of(0))
+        owners = self._owners(order, depth, prefix, v, origin, chunk.lane_of(0))  # a flat chunk has one stage
         ranges: list[list[int]] = []
         for r in owners:
             start = r * self.block_units + self.offsets[k]

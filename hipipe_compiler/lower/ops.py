@@ -44,8 +44,11 @@ class Axis:
         return self.topology.shift(rank, self.index, pos - self.topology.coord(rank, self.index))
 
     def _translate(self, rank: int, lane: int, sign: int) -> int:
-        """`rank` moved by sign times the coordinates of rank `lane` (mod each dimension)."""
-        if lane <= 0:
+        """`rank` moved by sign times the coordinates of rank `lane` (mod each dimension). Roles
+        on lane -1 - l serve lane l's chunks: pass Role.chunk_lane, never a role's own lane."""
+        if lane < 0:
+            raise ValueError(f"lane {lane}: translate by a chunk's lane (Role.chunk_lane)")
+        if lane == 0:
             return rank
         topo = self.topology
         by = topo.coords(lane % topo.nranks)
@@ -93,9 +96,9 @@ class Role:
     side: str  # both, send, recv, local
 
     @property
-    def channel_lane(self) -> int:
+    def chunk_lane(self) -> int:
         """The lane of the chunks this role serves: a chunk's other ring direction and its
-        second tree run on lane -1 - lane, and a flat axis translates by the chunk's lane."""
+        second tree run on roles of lane -1 - lane, and a flat axis translates by the chunk's lane."""
         return self.lane if self.lane >= 0 else -1 - self.lane
 
     def peers(self, axis: Axis | None, rank: int) -> tuple[int, int]:
@@ -103,10 +106,10 @@ class Role:
             return -1, -1
         if self.algorithm == "tree":  # offset: tree * TREE_ROLES + (0: the parent, 1 + i: child i)
             tree, relation = divmod(self.offset, TREE_ROLES)
-            parent, children = axis.tree_links(rank, tree, self.channel_lane)
+            parent, children = axis.tree_links(rank, tree, self.chunk_lane)
             peer = parent if relation == 0 else children[relation - 1]
             return (peer, -1) if self.side == "send" else (-1, peer)
-        lane = self.channel_lane
+        lane = self.chunk_lane
         p = axis.pos(rank, lane)
         if self.algorithm == "ring":
             send, recv = axis.member(rank, p + self.offset, lane), axis.member(rank, p - self.offset, lane)

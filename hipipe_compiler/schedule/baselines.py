@@ -143,7 +143,7 @@ def ring_plan(
         layouts=auto_layouts(topology, True, plan_chunks, algs, protocol, max_bytes), protocol=protocol, flat=True,
         min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,
         label=label or ("ring" if chunks == 1 else f"ring-k{chunks}"),
-        name=f"{collective}-ring-k{chunks}-{topology.label}",
+        name=f"{collective}-ring-k{chunks}{f'-c{channels}' if channels > 1 else ''}-{topology.label}",
     )
     check_plan(plan)
     return plan
@@ -156,8 +156,10 @@ NCCL_CHANNELS = 16
 
 def nccl_channels(topology: Topology) -> int:
     """The channels of NCCL's ring on this topology: one per rank of a node (the dimensions
-    inside the outermost), as NCCL gives each NIC of a rail-optimised node a ring of its own,
-    at most NCCL_CHANNELS; a one-dimensional topology is one node."""
+    inside the outermost), as NCCL gives each NIC of a node a ring of its own, at most
+    NCCL_CHANNELS; a one-dimensional topology is one node. (Channel l leaves a node from
+    another GPU than it enters the next by: the cost model's network is one switch per
+    dimension, without rails, so that costs nothing.)"""
     per_node = topology.nranks // topology.dimensions[-1].size if topology.ndims > 1 else topology.nranks
     return max(1, min(NCCL_CHANNELS, per_node))
 
@@ -225,7 +227,8 @@ def tree_plan(
     plan = Plan(
         topology=topology, collective=collective, chunks=plan_chunks, algorithms=("tree",), layouts=("split",),
         protocol=protocol, flat=True, min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,
-        label=label or f"nccl-tree-{protocol}", name=f"{collective}-nccl-tree-k{chunks}-{topology.label}",
+        label=label or f"nccl-tree-{protocol}",
+        name=f"{collective}-nccl-tree-k{chunks}{f'-c{channels}' if channels > 1 else ''}-{topology.label}",
     )
     check_plan(plan)
     return plan

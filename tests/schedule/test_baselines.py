@@ -48,8 +48,8 @@ def test_nccl_ring_crosses_the_network_through_every_port_of_a_node():
 
 
 def test_nccl_ring_takes_the_time_of_algorithms_md_5_9():
-    """T = 2(N-1) alpha_max + 2(N-1)/N M max_i c_i / B_i, with C = 8 rail-optimised rings:
-    a fraction c_NIC = 1/C of each GPU's ring edges on its NIC, (C-1)/C on NVLink."""
+    """T = 2(N-1) alpha_max + 2(N-1)/N M max_i c_i / B_i, with C = 8 rings, one per NIC of a
+    node: a fraction c_NIC = 1/C of each GPU's ring edges on its NIC, (C-1)/C on NVLink."""
     topo = preset("dgx-h100-8x4")
     nvlink, network = topo.dimensions
     n, m, c = topo.nranks, 1 << 30, nccl_channels(topo)

@@ -24,7 +24,7 @@ from .lower import lower, lowering_key
 from .msccl.program import Program
 from .optimizer.search import ABLATIONS, Search, optimize_window
 from .schedule import Plan, hierarchical_plan, ring_plan, themis_plan
-from .schedule.baselines import nccl_ring_plan, nccl_tree_plan
+from .schedule.baselines import nccl_plan
 from .sim import SimulationError, simulate_exact
 from .topology import Topology, load_topology, topology_from_document
 from .units import format_size, parse_size
@@ -44,12 +44,9 @@ def _with_protocol(build: PlanFor, protocol: str) -> PlanFor:
     return lambda topo, coll, nbytes, _proto: build(topo, coll, nbytes, protocol)
 
 
-def _nccl_ring(topo: Topology, coll: str, nbytes: int, proto: str) -> Plan:
-    return nccl_ring_plan(topo, coll, proto, nbytes, nbytes, nbytes)
-
-
-def _nccl_tree(topo: Topology, coll: str, nbytes: int, proto: str) -> Plan:
-    return nccl_tree_plan(topo, coll, proto, nbytes, nbytes, nbytes)
+def _nccl(algorithm: str, protocol: str) -> PlanFor:
+    """NCCL's ring or tree under a fixed protocol, on its channels."""
+    return lambda topo, coll, nbytes, _proto: nccl_plan(topo, algorithm, coll, protocol, nbytes, nbytes, nbytes)
 
 
 #: The baselines (algorithms.md 5): plans through the normal lowering. The NCCL ones are what
@@ -63,8 +60,7 @@ BASELINES: dict[str, PlanFor] = {
     "hierarchical-k16": _hier(16),
     "themis": lambda topo, coll, nbytes, proto: themis_plan(topo, coll, 16, proto, nbytes, nbytes, nbytes),
     **{f"hierarchical-{p}": _with_protocol(_hier(1), p) for p in ("LL", "LL128")},
-    **{f"nccl-ring-{p}": _with_protocol(_nccl_ring, p) for p in ("LL", "LL128", "Simple")},
-    **{f"nccl-tree-{p}": _with_protocol(_nccl_tree, p) for p in ("LL", "LL128", "Simple")},
+    **{f"nccl-{a}-{p}": _nccl(a, p) for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")},
 }
 REFERENCE = "hierarchical"
 #: Algorithms whose ring or tree through every rank is not the same on every rank (simulated in full).

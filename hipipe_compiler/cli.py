@@ -17,7 +17,7 @@ from tabulate import tabulate
 from . import __version__
 from .compiler import (
     ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_ROOM, BUCKET_WINDOW, DTYPES, CompileOptions, Stopwatch, VerificationFailed,
-    bucket_caps, check_divisible, check_fits_one_file, compile_range, window_summary, write_directory, write_file,
+    check_divisible, check_fits_one_file, compile_range, window_summary, write_directory, write_file,
 )
 from .errors import InputError, PlanError
 from .files import check_output_path, write_atomic
@@ -33,7 +33,7 @@ from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
 from .units import format_size, parse_size, parse_size_range
-from .windows import size_windows, window_label
+from .windows import window_label
 
 
 RUNTIME_HELP = ("the runtime that will load the files, whose limits they must respect: "
@@ -265,9 +265,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
         max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=_bucket_setting(args.max_bucket_nchunksperloop),
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
-    # the cap that applies to some window (none for one size, a baseline, or too many ranks)
-    bucket_cap = (next((c for c in bucket_caps(topo, options, size_windows(lo, hi)) if c is not None), None)
-                  if args.algo == "hipipe" else None)
     planner = None
     bar = None
     if args.algo == "hipipe" and not args.quiet and not args.json and sys.stderr.isatty():
@@ -286,6 +283,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     windows, failed = _verified(topo, bar, lambda: compile_range(topo, options, lo, hi, planner, stopwatch=watch))
     if failed:
         return failed
+    # the cap the planner applied to some window (none for one size, a baseline, or too many ranks)
+    bucket_cap = next((w.details["bucket_cap"] for w in windows if w.details.get("bucket_cap") is not None), None)
     if not directory:
         check_divisible(windows[0].program, args.size, options.dtype_bytes)
         with watch.phase("write"):

@@ -157,11 +157,12 @@ def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequenc
         if progress is not None:
             progress(done[0], len(windows))
 
+    caps = bucket_caps(topology, options, windows)
     choices = optimize(topology, options.collective, [(w.min_bytes, w.max_bytes) for w in windows], options.limits,
                        progress=tick, dtype_bytes=options.dtype_bytes, max_nchunksperloop=options.max_nchunksperloop,
-                       caps=bucket_caps(topology, options, windows))
-    return [(c.plan, {"choice": c.knobs.label if c.knobs else c.plan.label, "alternatives": c.alternatives})
-            for c in choices]
+                       caps=caps)
+    return [(c.plan, {"choice": c.knobs.label if c.knobs else c.plan.label, "alternatives": c.alternatives,
+                      "bucket_cap": cap}) for c, cap in zip(choices, caps)]
 
 
 def bucket_caps(topology: Topology, options: CompileOptions, windows: Sequence[Window]) -> list[int | None]:

@@ -235,7 +235,7 @@ def _protocol_baselines(topology: Topology, collective: str, lo: int, hi: int, n
     """The baselines under the other protocols, and NCCL's ring and tree under each (the tree
     for an all-reduce over a network where its links exist: every dimension but the innermost
     a switch), on one channel: cheap to judge where latency decides. Bench runs NCCL's on
-    all their channels (baselines.nccl_ring_plan), and its saved grid is checked point by
+    all their channels (baselines.nccl_plan), and its saved grid is checked point by
     point against them (tests/test_readme_results.py)."""
     out = [hierarchical_plan(topology, collective, 1, proto, min_bytes=lo, max_bytes=hi, nominal_bytes=nominal)
            for proto in ("LL", "LL128")]

@@ -143,7 +143,7 @@ def ring_plan(
         layouts=auto_layouts(topology, True, plan_chunks, algs, protocol, max_bytes), protocol=protocol, flat=True,
         min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,
         label=label or ("ring" if chunks == 1 else f"ring-k{chunks}"),
-        name=f"{collective}-ring-k{chunks}{f'-c{channels}' if channels > 1 else ''}-{topology.label}",
+        name=f"{collective}-ring-k{chunks}{_channel_tag(channels)}-{topology.label}",
     )
     check_plan(plan)
     return plan
@@ -164,21 +164,6 @@ def nccl_channels(topology: Topology) -> int:
     return max(1, min(NCCL_CHANNELS, per_node))
 
 
-def nccl_ring_plan(
-    topology: Topology,
-    collective: str = "allreduce",
-    protocol: str = "Simple",
-    min_bytes: int = 0,
-    max_bytes: int = 0,
-    nominal_bytes: int = 0,
-) -> Plan:
-    """NCCL's ring algorithm: nccl_channels rings through every rank side by side, each
-    crossing the dimensions through other ports, one chunk each."""
-    channels = nccl_channels(topology)
-    return ring_plan(topology, collective, channels, protocol, min_bytes, max_bytes, nominal_bytes,
-                     label=f"nccl-ring-{protocol}", channels=channels)
-
-
 #: Most channels of NCCL's tree baseline: each channel's two trees take about eight
 #: threadblocks per rank, and all of them must be resident at once.
 NCCL_TREE_CHANNELS = 8
@@ -186,19 +171,33 @@ NCCL_TREE_CHANNELS = 8
 NCCL_TREE_CHUNKS = 2
 
 
-def nccl_tree_plan(
+def nccl_plan(
     topology: Topology,
+    algorithm: str,
     collective: str = "allreduce",
     protocol: str = "Simple",
     min_bytes: int = 0,
     max_bytes: int = 0,
     nominal_bytes: int = 0,
 ) -> Plan:
-    """NCCL's tree algorithm: nccl_channels channels (at most NCCL_TREE_CHANNELS), each with
-    its own translated pair of trees and NCCL_TREE_CHUNKS chunk pairs."""
-    channels = min(NCCL_TREE_CHANNELS, nccl_channels(topology))
-    return tree_plan(topology, collective, NCCL_TREE_CHUNKS * channels, protocol, min_bytes, max_bytes, nominal_bytes,
-                     channels=channels)
+    """NCCL's `algorithm` as NCCL runs it: "ring", nccl_channels rings through every rank side
+    by side, one chunk each; "tree", as many channels (at most NCCL_TREE_CHANNELS) of trees,
+    NCCL_TREE_CHUNKS chunk pairs each. Each channel is translated to cross the dimensions
+    through other ports."""
+    channels = nccl_channels(topology)
+    if algorithm == "ring":
+        return ring_plan(topology, collective, channels, protocol, min_bytes, max_bytes, nominal_bytes,
+                         label=f"nccl-ring-{protocol}", channels=channels)
+    if algorithm == "tree":
+        channels = min(NCCL_TREE_CHANNELS, channels)
+        return tree_plan(topology, collective, NCCL_TREE_CHUNKS * channels, protocol, min_bytes, max_bytes,
+                         nominal_bytes, channels=channels)
+    raise InputError(None, "algorithm", f"expected NCCL's ring or tree, got {algorithm!r}")
+
+
+def _channel_tag(channels: int) -> str:
+    """The part of a plan's name that says how many channels it runs on (none for one)."""
+    return f"-c{channels}" if channels > 1 else ""
 
 
 def tree_plan(
@@ -228,7 +227,7 @@ def tree_plan(
         topology=topology, collective=collective, chunks=plan_chunks, algorithms=("tree",), layouts=("split",),
         protocol=protocol, flat=True, min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal_bytes or max_bytes,
         label=label or f"nccl-tree-{protocol}",
-        name=f"{collective}-nccl-tree-k{chunks}{f'-c{channels}' if channels > 1 else ''}-{topology.label}",
+        name=f"{collective}-nccl-tree-k{chunks}{_channel_tag(channels)}-{topology.label}",
     )
     check_plan(plan)
     return plan

@@ -6,7 +6,7 @@ from hypothesis import given
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.lower import lower
-from hipipe_compiler.schedule.baselines import bandwidth_order, nccl_channels, nccl_ring_plan, tree_plan
+from hipipe_compiler.schedule.baselines import bandwidth_order, nccl_channels, nccl_plan, tree_plan
 from hipipe_compiler.sim import simulate
 from hipipe_compiler.schedule.trees import nccl_tree_fits
 from hipipe_compiler.topology import Dimension, Topology, preset
@@ -39,7 +39,7 @@ def test_nccl_ring_crosses_the_network_through_every_port_of_a_node():
     topo = preset("dgx-h100-8x4")
     assert nccl_channels(topo) == 8 and nccl_channels(preset("torus-4x4x4")) == 16
     senders = {}
-    for plan in (ring_plan(topo, "allreduce", 1), nccl_ring_plan(topo, "allreduce")):
+    for plan in (ring_plan(topo, "allreduce", 1), nccl_plan(topo, "ring", "allreduce")):
         program = lower(plan)
         senders[plan.label] = {gpu.id for gpu in program.gpus for tb in gpu.threadblocks
                                if tb.send >= 0 and topo.coord(tb.send, 1) != topo.coord(gpu.id, 1)}
@@ -55,7 +55,7 @@ def test_nccl_ring_takes_the_time_of_algorithms_md_5_9():
     n, m, c = topo.nranks, 1 << 30, nccl_channels(topo)
     per_byte = max((c - 1) / c / (nvlink.bandwidth * 1e3), 1 / c / (network.bandwidth * 1e3))  # us per byte
     model = 2 * (n - 1) * network.alpha("Simple") + 2 * (n - 1) / n * m * per_byte
-    simulated = simulate(lower(nccl_ring_plan(topo, "allreduce", max_bytes=m)), topo, m).time_us
+    simulated = simulate(lower(nccl_plan(topo, "ring", "allreduce", max_bytes=m)), topo, m).time_us
     assert simulated == pytest.approx(model, rel=0.01)
     single = simulate(lower(ring_plan(topo, "allreduce", 1, max_bytes=m)), topo, m).time_us
     assert single > 5 * simulated  # one channel crosses each node on one NIC

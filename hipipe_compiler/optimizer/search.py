@@ -51,6 +51,9 @@ BANDWIDTH_RANKS = 256
 #: nchunksperloop wins: the runtime runs a program only for element counts it divides, so a
 #: finer program serves more of a training job's calls (see msccl/selection.py).
 GRANULARITY_TOLERANCE = 0.01
+#: Scores this close are a tie (the same simulated time, up to rounding), which the finer plan
+#: wins in a window of one size too.
+TIE = 1e-9
 #: Best candidates after the descent that are also tried finer, for that preference.
 FINER_TRIALS = 3
 #: Candidates the coordinate descent starts from.
@@ -176,6 +179,9 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence
         out.append(replace(k, bidir=not k.bidir))
     if trees and allreduce:
         out.append(replace(k, tree=not k.tree))
+    # last, a refinement: chunk counts a sixth apart, tried once the coarse steps stop paying
+    step = max(1, round(k.chunks / 6))
+    out += [replace(k, chunks=c) for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]
     return out
 
 
@@ -264,8 +270,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     and all-gather lanes, and with one-shot for few chunks; then coordinate descent over
     every knob from the best three, judged at the window's middle. The five best (and the
     best of each finer nchunksperloop) are judged again at both ends of the window; the finest
-    within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (the best, in a window of one
-    size), and the `neighbour` window's plan wins if it is within REUSE_TOLERANCE of that and no
+    within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a window of one size, the
+    finest of those that tie with the best), and the `neighbour` window's plan wins if it is within REUSE_TOLERANCE of that and no
     coarser. `cap` bounds the element multiple of this window's calls, besides the search's
     own cap on nchunksperloop.
     """
@@ -383,6 +389,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
                   for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
+        extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", protocol="LL128", split=large)
+                  for k in (16, 24, 32) if k <= max_chunks]
     before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
     for knobs in extra:
         attempt(knobs)
@@ -445,8 +453,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     finer = _finer(ordered, top, exact) if ranged else []
     finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
     ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
-    if ranged:
-        ranked = _granular(ranked)
+    ranked = _granular(ranked, GRANULARITY_TOLERANCE if ranged else TIE)
     best = ranked[0]
     if neighbour is not None and not forced:
         # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as
@@ -479,11 +486,11 @@ def _finer(ordered: Sequence[Evaluation], top: Sequence[Evaluation],
     return [e for _n, e in sorted(best.items())]
 
 
-def _granular(ranked: list[Evaluation]) -> list[Evaluation]:
-    """`ranked` with its finest plan within GRANULARITY_TOLERANCE of the best moved first."""
+def _granular(ranked: list[Evaluation], tolerance: float = GRANULARITY_TOLERANCE) -> list[Evaluation]:
+    """`ranked` with its finest plan within `tolerance` of the best moved first."""
     if not ranked:
         return ranked
-    close = [e for e in ranked if e.score <= ranked[0].score * (1 + GRANULARITY_TOLERANCE)]
+    close = [e for e in ranked if e.score <= ranked[0].score * (1 + tolerance)]
     pick = min(close, key=lambda e: e.plan.nchunksperloop)  # min keeps the best score among equals
     return [pick, *(e for e in ranked if e is not pick)]
 

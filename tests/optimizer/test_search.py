@@ -183,8 +183,24 @@ def test_protocol_aware_utilisation_targets(name, size, target):
     assert lower_bound_us(topo, "allreduce", size) / time >= target
 
 
+def test_bandwidth_windows_try_ll128_pipelines_with_an_order_per_lane():
+    """C6p at 16 MiB: Simple pays 14 us per network message, so LL128 pipelines win, and the
+    fastest keep each dimension order on lanes of its own (the search found U 0.70 without them)."""
+    topo, size = GRID.topologies["C6p"], 16 * MiB
+    choice = optimize_window(Search(topo, "allreduce"), size, size)
+    time = simulate_exact(lower(choice.plan), topo, size).time_us
+    assert choice.plan.protocol == "LL128" and choice.knobs is not None and choice.knobs.arrange == "lanes"
+    assert lower_bound_us(topo, "allreduce", size) / time >= 0.78
+
+
+def test_the_descent_refines_chunk_counts_last():
+    from hipipe_compiler.optimizer.search import _knob_neighbours
+    counts = [k.chunks for k in _knob_neighbours(Knobs(24), True, False) if k.chunks != 24]
+    assert counts[:4] == [12, 16, 36, 48] and counts[-2:] == [20, 28]  # coarse steps first, a sixth apart last
+
+
 def test_the_finest_plan_within_the_tolerance_wins():
-    from hipipe_compiler.optimizer.search import GRANULARITY_TOLERANCE, Evaluation, _granular
+    from hipipe_compiler.optimizer.search import GRANULARITY_TOLERANCE, TIE, Evaluation, _granular
     topo = preset("dgx-h100-8x2")
 
     def ev(chunks: int, granularity: int, score: float) -> Evaluation:
@@ -196,6 +212,9 @@ def test_the_finest_plan_within_the_tolerance_wins():
     ranked = _granular([coarse, fine, finer])
     assert ranked[0] is fine and set(map(id, ranked)) == {id(coarse), id(fine), id(finer)}  # finer costs too much
     assert _granular([coarse])[0] is coarse
+    # a window of one size: only a tie (the same time up to rounding) goes to the finer plan
+    tie = ev(8, 1, 1.0 + 1e-13)
+    assert _granular([coarse, fine], TIE)[0] is coarse and _granular([coarse, tie], TIE)[0] is tie
 
 
 @settings(max_examples=examples(10), deadline=None)

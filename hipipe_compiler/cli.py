@@ -26,7 +26,7 @@ from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from .msccl.reader import read_program
 from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, RUNTIMES, Limits
 from .msccl.verify import Report, VerifyOptions, Violation, verify
-from .msccl.writer import DIALECTS
+from .msccl.writer import DIALECTS, LEGACY_MAX_ALGORITHMS
 from .sim import SimulationError, simulate
 from .topology import PRESETS, load_topology
 from .topology import PROTOCOLS as PROTOCOL_ORDER
@@ -300,6 +300,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
         }
         with watch.phase("write"):
             write_directory(windows, out, manifest, args.dialect)
+        held = len(list(out.glob("*.xml")))
+        if args.dialect == "legacy" and held > LEGACY_MAX_ALGORITHMS:
+            print(f"note: microsoft/msccl loads at most {LEGACY_MAX_ALGORITHMS} algorithms from MSCCL_XML_FILES and "
+                  f"{out}/ holds {held}: list the windows your job calls most, or compile a narrower --sizes",
+                  file=sys.stderr)
     summaries = [window_summary(w) for w in windows]
     if args.json:
         _print_json({"output": str(out), "windows": summaries, "seconds": watch.seconds})

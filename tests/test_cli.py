@@ -64,6 +64,22 @@ def test_a_directory_says_when_its_bucket_windows_are_capped(tmp_path):
     assert any(w["element_multiple"] > 256 for w in manifests[1]["windows"])  # the cap had work to do
 
 
+def test_a_legacy_directory_says_when_the_runtime_would_skip_files(tmp_path):
+    """microsoft/msccl loads at most 4 algorithms: the directory that outgrows that says so."""
+    out, notes = tmp_path / "legacy", []
+    for coll in ("allreduce", "allgather", "reducescatter"):
+        done = run_hipipe("compile", "torus-4x4", "--coll", coll, "--algo", "hierarchical", "--sizes", "1KiB:1GiB",
+                          "--chunks", "2", "--dialect", "legacy", "-o", out, "--quiet")
+        assert done.returncode == 0, done.stderr
+        notes.append(done.stderr)
+    held = len(list(out.glob("*.xml")))
+    assert held > 4 and notes[0] == ""
+    assert f"loads at most 4 algorithms from MSCCL_XML_FILES and {out}/ holds {held}" in notes[-1]
+    executor = run_hipipe("compile", "torus-4x4", "--algo", "hierarchical", "--sizes", "1KiB:1GiB", "--chunks", "2",
+                          "-o", out, "--quiet")
+    assert executor.returncode == 0 and executor.stderr == ""  # the executor loads every file
+
+
 def test_quiet_prints_nothing(tmp_path):
     done = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", tmp_path / "a.xml", "--quiet")
     assert done.returncode == 0 and done.stdout == ""

@@ -20,6 +20,8 @@ from .program import Program
 
 Dialect = Literal["executor", "legacy"]
 DIALECTS: tuple[str, ...] = ("executor", "legacy")
+#: Algorithms microsoft/msccl loads from MSCCL_XML_FILES; it ignores the rest (msccl-runtime.md).
+LEGACY_MAX_ALGORITHMS = 4
 
 
 HEADER = {

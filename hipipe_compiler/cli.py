@@ -24,9 +24,9 @@ from .files import check_output_path, write_atomic
 from .msccl.lexical import lexical_issues
 from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from .msccl.reader import read_program
-from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, RUNTIMES, Limits
+from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, LEGACY_MAX_ALGORITHMS, RUNTIMES, Limits
 from .msccl.verify import Report, VerifyOptions, Violation, verify
-from .msccl.writer import DIALECTS, LEGACY_MAX_ALGORITHMS
+from .msccl.writer import DIALECTS
 from .sim import SimulationError, simulate
 from .topology import PRESETS, load_topology
 from .topology import PROTOCOLS as PROTOCOL_ORDER
@@ -285,6 +285,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         return failed
     # the cap the planner applied to some window (none for one size, a baseline, or too many ranks)
     bucket_cap = next((w.details["bucket_cap"] for w in windows if w.details.get("bucket_cap") is not None), None)
+    notes: list[str] = []
     if not directory:
         check_divisible(windows[0].program, args.size, options.dtype_bytes)
         with watch.phase("write"):
@@ -302,12 +303,11 @@ def cmd_compile(args: argparse.Namespace) -> int:
             write_directory(windows, out, manifest, args.dialect)
         held = len(list(out.glob("*.xml")))
         if args.dialect == "legacy" and held > LEGACY_MAX_ALGORITHMS:
-            print(f"note: microsoft/msccl loads at most {LEGACY_MAX_ALGORITHMS} algorithms from MSCCL_XML_FILES and "
-                  f"{out}/ holds {held}: list the windows your job calls most, or compile a narrower --sizes",
-                  file=sys.stderr)
+            notes.append(f"microsoft/msccl loads at most {LEGACY_MAX_ALGORITHMS} algorithms from MSCCL_XML_FILES and "
+                         f"{out}/ holds {held} ({len(windows)} from this run): list the ones your job calls most")
     summaries = [window_summary(w) for w in windows]
     if args.json:
-        _print_json({"output": str(out), "windows": summaries, "seconds": watch.seconds})
+        _print_json({"output": str(out), "windows": summaries, "seconds": watch.seconds, "notes": notes})
     elif not args.quiet:
         where = f"{out}/ ({len(windows)} file(s); MSCCL_ALGO_DIR={out})" if directory else str(out)
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
@@ -316,6 +316,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             print(f"below {format_size(BUCKET_WINDOW)} every program of a range of sizes serves element counts in "
                   f"multiples of at most {bucket_cap}, as gradient buckets need; --max-bucket-nchunksperloop 0 takes "
                   "the fastest plans instead")
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
     return 0
 
 

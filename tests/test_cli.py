@@ -67,17 +67,19 @@ def test_a_directory_says_when_its_bucket_windows_are_capped(tmp_path):
 def test_a_legacy_directory_says_when_the_runtime_would_skip_files(tmp_path):
     """microsoft/msccl loads at most 4 algorithms: the directory that outgrows that says so."""
     out, notes = tmp_path / "legacy", []
+    compile_ = ("compile", "torus-4x4", "--algo", "hierarchical", "--sizes", "1KiB:1GiB", "--chunks", "2", "-o", out)
     for coll in ("allreduce", "allgather", "reducescatter"):
-        done = run_hipipe("compile", "torus-4x4", "--coll", coll, "--algo", "hierarchical", "--sizes", "1KiB:1GiB",
-                          "--chunks", "2", "--dialect", "legacy", "-o", out, "--quiet")
+        done = run_hipipe(*compile_, "--coll", coll, "--dialect", "legacy")
         assert done.returncode == 0, done.stderr
         notes.append(done.stderr)
     held = len(list(out.glob("*.xml")))
     assert held > 4 and notes[0] == ""
-    assert f"loads at most 4 algorithms from MSCCL_XML_FILES and {out}/ holds {held}" in notes[-1]
-    executor = run_hipipe("compile", "torus-4x4", "--algo", "hierarchical", "--sizes", "1KiB:1GiB", "--chunks", "2",
-                          "-o", out, "--quiet")
-    assert executor.returncode == 0 and executor.stderr == ""  # the executor loads every file
+    assert f"note: microsoft/msccl loads at most 4 algorithms from MSCCL_XML_FILES and {out}/ holds {held} (2 from this run)" in notes[-1]
+    as_json = run_hipipe(*compile_, "--dialect", "legacy", "--json")
+    assert as_json.stderr == "" and f"holds {held}" in json.loads(as_json.stdout)["notes"][0]
+    assert run_hipipe(*compile_, "--dialect", "legacy", "--quiet").stderr == ""
+    executor = run_hipipe(*compile_, "--json")
+    assert executor.returncode == 0 and json.loads(executor.stdout)["notes"] == []  # the executor loads every file
 
 
 def test_quiet_prints_nothing(tmp_path):

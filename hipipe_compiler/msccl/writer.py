@@ -20,8 +20,6 @@ from .program import Program
 
 Dialect = Literal["executor", "legacy"]
 DIALECTS: tuple[str, ...] = ("executor", "legacy")
-#: Algorithms microsoft/msccl loads from MSCCL_XML_FILES; it ignores the rest (msccl-runtime.md).
-LEGACY_MAX_ALGORITHMS = 4
 
 
 HEADER = {

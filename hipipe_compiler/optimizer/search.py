@@ -181,7 +181,7 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence
         out.append(replace(k, tree=not k.tree))
     # last, a refinement: chunk counts a sixth apart, tried once the coarse steps stop paying
     step = max(1, round(k.chunks / 6))
-    out += [replace(k, chunks=c) for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]
+    out += [replace(k, chunks=c) for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]  # repeats: free
     return out
 
 
@@ -268,12 +268,13 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
     and all-gather lanes, and with one-shot for few chunks; then coordinate descent over
-    every knob from the best three, judged at the window's middle. The five best (and the
-    best of each finer nchunksperloop) are judged again at both ends of the window; the finest
-    within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a window of one size, the
-    finest of those that tie with the best), and the `neighbour` window's plan wins if it is within REUSE_TOLERANCE of that and no
-    coarser. `cap` bounds the element multiple of this window's calls, besides the search's
-    own cap on nchunksperloop.
+    every knob from the best three (chunk counts refined last), judged at the window's middle.
+    The five best (and the best of each finer nchunksperloop) are judged again at both ends of
+    the window; the finest within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a
+    window of one size, the finest of those that tie with the best), and the `neighbour`
+    window's plan wins if it is within REUSE_TOLERANCE of that and no coarser. `cap` bounds
+    the element multiple of this window's calls, besides the search's own cap on
+    nchunksperloop.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))

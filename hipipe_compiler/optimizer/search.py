@@ -181,7 +181,7 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence
         out.append(replace(k, tree=not k.tree))
     # last, a refinement: chunk counts a sixth apart, tried once the coarse steps stop paying
     step = max(1, round(k.chunks / 6))
-    out += [replace(k, chunks=c) for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]  # repeats: free
+    out += [replace(k, chunks=c) for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]  # repeats cost nothing (tried)
     return out
 
 

@@ -66,6 +66,7 @@ def test_hipipe_is_never_slower_than_a_baseline_in_the_saved_grid():
         for name, row in algos.items():
             if row["time_us"]:
                 assert ours <= float(row["time_us"]) * (1 + 1e-9), (topology, nbytes, name)
+        assert float(algos["hipipe"]["over_nccl"]) >= 1.0
 
 
 @pytest.mark.parametrize("topology,nbytes,algorithms", [

@@ -301,10 +301,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
         }
         with watch.phase("write"):
             write_directory(windows, out, manifest, args.dialect)
-        held = len(list(out.glob("*.xml"))) if args.dialect == "legacy" else 0
+    if args.dialect == "legacy":
+        folder = out if directory else out.parent
+        held = len(list(folder.glob("*.xml")))
         if held > LEGACY_MAX_ALGORITHMS:
             notes.append(f"microsoft/msccl loads at most {LEGACY_MAX_ALGORITHMS} algorithms from MSCCL_XML_FILES and "
-                         f"{out}/ holds {held} ({len(windows)} from this run): list the ones your job calls most")
+                         f"{folder}/ holds {held} ({len(windows)} from this run): list the ones your job calls most")
     summaries = [window_summary(w) for w in windows]
     if args.json:
         _print_json({"output": str(out), "windows": summaries, "seconds": watch.seconds, "notes": notes})

@@ -80,6 +80,9 @@ def test_a_legacy_directory_says_when_the_runtime_would_skip_files(tmp_path):
     assert run_hipipe(*compile_, "--dialect", "legacy", "--quiet").stderr == ""
     executor = run_hipipe(*compile_, "--json")
     assert executor.returncode == 0 and json.loads(executor.stdout)["notes"] == []  # the executor loads every file
+    one = run_hipipe("compile", "torus-4x4", "--algo", "hierarchical", "--size", "1MiB", "-o", out / "one.xml",
+                     "--dialect", "legacy")
+    assert one.returncode == 0 and f"{out}/ holds {held + 1} (1 from this run)" in one.stderr  # one file counts too
 
 
 def test_quiet_prints_nothing(tmp_path):

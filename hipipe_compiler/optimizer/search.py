@@ -58,6 +58,9 @@ TIE = 1e-9
 FINER_TRIALS = 3
 #: Candidates the coordinate descent starts from.
 SEEDS = 3
+#: Candidates of the other protocols and trees the descent also starts from, when they beat
+#: the sweep's: two, since equal times often hide different shapes that descend differently.
+EXTRA_SEEDS = 2
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
 #: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
@@ -367,7 +370,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
     for knobs in (*seeds, *coarse):
         attempt(knobs)
-    # the other protocols and trees are swept on top, taking nothing from the descent's budget
+    # the other protocols, trees and shapes the descent seldom reaches are swept on top,
+    # taking nothing from the descent's budget
     extra: list[Knobs] = []
     if nominal < BANDWIDTH_WINDOW:  # where latency counts, the low-latency protocols and trees compete
         trees = allreduce and has_large_switch(topo)
@@ -386,6 +390,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                         extra.append(Knobs(k, ag_lane=True, tree=True, protocol=proto))
         if trees:
             extra += [Knobs(k, ag_lane=True, tree=True) for k in (1, 2, 4) if k <= max_chunks]
+        # every order on lanes of its own and every chunk's later stages on lanes of their own:
+        # the orders share the dimensions and no message waits behind another's latency (the
+        # descent seldom reaches this from the sweep: mixing orders on shared lanes loses first)
+        extra += [Knobs(k, mix=True, ag_lane=True, fan=True, arrange="lanes", spread=v, protocol=proto)
+                  for proto in protocol_choices(topo) for k in (4, 8) if k <= max_chunks for v in (1, 2)]
     if per_protocol(topo) and nominal >= 1 << 20:
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
@@ -410,11 +419,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     # (exact() lowers the probe ranks: it is asked of the few that could be picked only)
     by_score = sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)
     seeds_ranked = list(islice((e for e in by_score if id(e) not in extras and exact(e)), SEEDS))
-    best_extra = next((e for e in by_score if id(e) in extras
-                       and (len(seeds_ranked) < SEEDS or e.score < seeds_ranked[-1].score) and exact(e)), None)
-    if best_extra is not None:
-        seeds_ranked.append(best_extra)
-        budget += budget // SEEDS
+    best_extras = list(islice((e for e in by_score if id(e) in extras
+                               and (len(seeds_ranked) < SEEDS or e.score < seeds_ranked[-1].score) and exact(e)),
+                              EXTRA_SEEDS))
+    regular = len(seeds_ranked)
+    seeds_ranked += best_extras
 
     def spent() -> int:
         return search.evaluations - start + skipped
@@ -422,7 +431,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     for i, seed in enumerate(seeds_ranked):
         best = seed
         improved = True
-        until = spent() + (budget - spent()) // (len(seeds_ranked) - i)
+        # the sweep's seeds share what the sweep left of the budget; the others' seeds each
+        # get a share of their own, as their sweep took nothing from it
+        until = spent() + ((budget - spent()) // (regular - i) if i < regular else budget // SEEDS)
         while improved and spent() < until:
             improved = False
             for knobs in _knob_neighbours(best.knobs, allreduce, rings, protocol_choices(topo), has_large_switch(topo)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from ..bounds import lower_bound_us
 from ..collector import settling
@@ -25,7 +25,7 @@ from ..msccl.runtime import Limits
 from ..msccl.selection import count_multiple
 from ..schedule.baselines import DIRECT_MAX_SIZE, default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
-from ..schedule.plan import Plan
+from ..schedule.plan import Plan, plan_shape
 from ..schedule.trees import nccl_tree_fits
 from ..sim.simulate import SimulationError, probe_ranks, simulate
 from ..topology import Topology
@@ -47,6 +47,9 @@ BUDGET = 60
 BANDWIDTH_BUDGET = 160
 BANDWIDTH_WINDOW = 16 << 20
 BANDWIDTH_RANKS = 256
+#: Windows below this size also start from one-shot pipelines on two lanes with halved end
+#: chunks (on the grid they gain from 64 KiB to 1 MiB, and nothing from 4 MiB).
+RAMPED_ONESHOT_WINDOW = 4 << 20
 #: Among the finalists within this much of the best mean T / T_LB, the one with the smallest
 #: nchunksperloop wins: the runtime runs a program only for element counts it divides, so a
 #: finer program serves more of a training job's calls (see msccl/selection.py).
@@ -395,6 +398,12 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         # descent seldom reaches this from the sweep: mixing orders on shared lanes loses first)
         extra += [Knobs(k, mix=True, ag_lane=True, fan=True, arrange="lanes", spread=v, protocol=proto)
                   for proto in protocol_choices(topo) for k in (4, 8) if k <= max_chunks for v in (1, 2)]
+        if allreduce and nominal < RAMPED_ONESHOT_WINDOW:
+            # one-shot pipelines on two lanes whose first and last chunks are halved: the first
+            # reaches the slow dimension sooner, the last leaves it sooner
+            extra += [Knobs(k, lanes=2, ramp=1, oneshot=True, fan=True, protocol=proto, **shape)
+                      for proto in protocol_choices(topo) for k in (6, 8) if k <= max_chunks
+                      for shape in ({}, {"mix": True, "arrange": "lanes", "granularity": 2})]
     if per_protocol(topo) and nominal >= 1 << 20:
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
@@ -461,7 +470,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             attempt(finer)
     sizes = judged_sizes(min_bytes, max_bytes)
     ordered = sorted(evals, key=lambda e: e.score)
-    top = list(islice((e for e in ordered if exact(e)), 5))
+    top = list(islice((e for e in _distinct(ordered) if exact(e)), 5))
     finer = _finer(ordered, top, exact) if ranged else []
     finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
     ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
@@ -479,6 +488,18 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             best = previous
     return Choice(min_bytes, max_bytes, best.plan, best.knobs, sizes, best.times_us, search.evaluations - start,
                   tuple(e.plan for e in ranked[1:]))
+
+
+def _distinct(evals: Iterable[Evaluation]) -> Iterator[Evaluation]:
+    """The evaluations of distinct plans, first of each: knobs that build one plan up to lane
+    numbers (spreads or all-gather lanes under `fan`, a mix of one order) would fill the
+    finalists with one program."""
+    seen: set[Plan] = set()
+    for e in evals:
+        shape = plan_shape(e.plan)
+        if shape not in seen:
+            seen.add(shape)
+            yield e
 
 
 def _finer(ordered: Sequence[Evaluation], top: Sequence[Evaluation],

@@ -222,6 +222,29 @@ def stage_bytes(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
     return data
 
 
+def plan_shape(plan: Plan) -> Plan:
+    """The plan without its name, each axis's lanes numbered in order of first use: a lane
+    only labels an axis's threadblocks (except on a flat ring, where its number picks the
+    ranks a channel translates by), so plans of one shape lower to the same program up to
+    the numbering of threadblocks and channels."""
+    plan = replace(plan, name="", label="")
+    if plan.flat:
+        return plan
+    ids: dict[tuple[int, int], int] = {}
+    used = [0] * plan.naxes
+    chunks = []
+    for k, c in enumerate(plan.chunks):
+        lanes = []
+        for j, st in enumerate(plan.stages(k)):
+            key = (st.axis, c.lane_of(j))
+            if key not in ids:
+                ids[key] = used[st.axis]
+                used[st.axis] += 1
+            lanes.append(ids[key])
+        chunks.append(replace(c, lane=0, stage_lanes=tuple(lanes)))
+    return replace(plan, chunks=tuple(chunks))
+
+
 # -- geometry -------------------------------------------------------------------------------
 
 

@@ -61,8 +61,9 @@ TIE = 1e-9
 FINER_TRIALS = 3
 #: Candidates the coordinate descent starts from.
 SEEDS = 3
-#: Candidates of the other protocols and trees the descent also starts from, when they beat
-#: the sweep's: two, since equal times often hide different shapes that descend differently.
+#: Candidates of the other protocols, trees and shapes swept on top that the descent also
+#: starts from, when they beat the sweep's: two, since equal times often hide different
+#: shapes that descend differently.
 EXTRA_SEEDS = 2
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
@@ -273,14 +274,15 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     """The best plan for calls of min_bytes..max_bytes, judged by the simulator.
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
-    and all-gather lanes, and with one-shot for few chunks; then coordinate descent over
-    every knob from the best three (chunk counts refined last), judged at the window's middle.
-    The five best (and the best of each finer nchunksperloop) are judged again at both ends of
-    the window; the finest within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a
-    window of one size, the finest of those that tie with the best), and the `neighbour`
-    window's plan wins if it is within REUSE_TOLERANCE of that and no coarser. `cap` bounds
-    the element multiple of this window's calls, besides the search's own cap on
-    nchunksperloop.
+    and all-gather lanes, and with one-shot for few chunks; where latency counts, the other
+    protocols, trees and shapes the descent seldom reaches; then coordinate descent over
+    every knob from the best three and the best two of those (chunk counts refined last),
+    judged at the window's middle. The five best distinct plans (and the best of each finer
+    nchunksperloop) are judged again at both ends of the window; the finest within
+    GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a window of one size, the finest
+    of those that tie with the best), and the `neighbour` window's plan wins if it is within
+    REUSE_TOLERANCE of that and no coarser. `cap` bounds the element multiple of this
+    window's calls, besides the search's own cap on nchunksperloop.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
@@ -423,8 +425,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     def exact(ev: Evaluation) -> bool:
         return ev.knobs is None or search.exact(ev.plan)
 
-    # the descent starts from the sweep's best three, and from the other protocols' and trees'
-    # best too when it beats them, with a share of budget of its own
+    # the descent starts from the sweep's best three, and from the best two swept on top
+    # too when they beat them
     # (exact() lowers the probe ranks: it is asked of the few that could be picked only)
     by_score = sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)
     seeds_ranked = list(islice((e for e in by_score if id(e) not in extras and exact(e)), SEEDS))

@@ -222,12 +222,11 @@ def test_the_other_protocols_seeds_descend_on_a_budget_of_their_own(monkeypatch)
     """On C1p at 1 MiB the sweep spends the descent's budget; the best seeds of the other
     protocols still descend (they once shared what was left: nothing)."""
     from hipipe_compiler.optimizer import search as search_module
-    starts = []
+    original, starts = search_module._knob_neighbours, []
 
     def neighbours(knobs, *args, **kwargs):
         starts.append(knobs)
         return original(knobs, *args, **kwargs)
-    original = search_module._knob_neighbours
     monkeypatch.setattr(search_module, "_knob_neighbours", neighbours)
     optimize_window(Search(GRID.topologies["C1p"], "allreduce"), MiB, MiB)
     assert any(k.protocol != "Simple" for k in starts)

@@ -4,7 +4,7 @@ import pytest
 
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.schedule import ChunkPlan, Plan, check_plan
-from hipipe_compiler.schedule.plan import chunk_stages
+from hipipe_compiler.schedule.plan import chunk_stages, plan_shape
 from hipipe_compiler.topology import preset
 
 
@@ -39,3 +39,16 @@ def _plan(**kw):
 def test_check_plan_rejects_malformed_plans(kw, match):
     with pytest.raises(PlanError, match=match):
         check_plan(_plan(**kw))
+
+
+def test_a_plans_shape_forgets_its_name_and_lane_numbers_only():
+    topo = preset("torus-4x4")
+
+    def plan(lanes, order=(0, 1), flat=False, name="a"):
+        chunks = tuple(ChunkPlan(1, order if not flat else (0,), 1, lane) for lane in lanes)
+        return Plan(topo, "allreduce", chunks, ("ring",) if flat else ("ring", "ring"),
+                    ("fused",) if flat else ("fused", "fused"), flat=flat, name=name)
+    assert plan_shape(plan((0, 1), name="a")) == plan_shape(plan((5, 3), name="b"))  # renumbered lanes
+    assert plan_shape(plan((0, 1))) != plan_shape(plan((0, 0)))  # one lane is not two
+    assert plan_shape(plan((0, 1))) != plan_shape(plan((0, 1), order=(1, 0)))
+    assert plan_shape(plan((0, 1), flat=True)) != plan_shape(plan((5, 3), flat=True))  # a flat lane is a channel

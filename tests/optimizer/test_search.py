@@ -247,7 +247,7 @@ def test_the_finalists_are_distinct_plans():
     assert search.judge(choice.plan, (lo, hi)).score <= rival_score
 
 
-@settings(max_examples=examples(20), deadline=None)
+@settings(max_examples=examples(10), deadline=None)
 @given(topologies(max_ranks=16), KNOBS, st.sampled_from(WINDOWS))
 @example(preset("dgx-h100-8x2"), Knobs(6, oneshot=True, fan=True, protocol="LL"), WINDOWS[0])
 def test_plans_of_one_shape_take_the_same_time(topo, knobs, window):

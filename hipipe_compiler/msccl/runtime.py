@@ -22,7 +22,8 @@ PER_CHANNEL_TBS = 32  # MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL, per direction
 #: Threadblocks per rank that a compiled program may use by default: all must be resident at
 #: once, and an A100 has 108 SMs.
 DEFAULT_THREADBLOCK_BUDGET = 108
-LEGACY_MAX_ALGORITHMS = 4  # microsoft/msccl loads at most 4 algorithms from MSCCL_XML_FILES, silently
+#: Algorithms microsoft/msccl loads from MSCCL_XML_FILES; it skips the rest without a word.
+LEGACY_MAX_ALGORITHMS = 4
 
 
 @dataclass(frozen=True)

@@ -473,7 +473,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     sizes = judged_sizes(min_bytes, max_bytes)
     ordered = sorted(evals, key=lambda e: e.score)
     top = list(islice((e for e in _distinct(ordered) if exact(e)), 5))
-    finer = _finer(ordered, top, exact) if ranged else []
+    finer = _finer(list(_distinct(ordered)), top, exact) if ranged else []
     finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
     ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
     ranked = _granular(ranked, GRANULARITY_TOLERANCE if ranged else TIE)
@@ -507,8 +507,8 @@ def _distinct(evals: Iterable[Evaluation]) -> Iterator[Evaluation]:
 def _finer(ordered: Sequence[Evaluation], top: Sequence[Evaluation],
            exact: Callable[[Evaluation], bool]) -> list[Evaluation]:
     """For each nchunksperloop below the best finalist's, the best exact candidate with it
-    (candidates in score order), when it is close enough at the window's middle to be within
-    GRANULARITY_TOLERANCE overall."""
+    (`ordered`: distinct plans in score order, so no finalist is judged twice), when it is
+    close enough at the window's middle to be within GRANULARITY_TOLERANCE overall."""
     if not top:
         return []
     best: dict[int, Evaluation] = {}

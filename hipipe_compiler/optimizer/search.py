@@ -47,8 +47,8 @@ BUDGET = 60
 BANDWIDTH_BUDGET = 160
 BANDWIDTH_WINDOW = 16 << 20
 BANDWIDTH_RANKS = 256
-#: Windows below this size also start from one-shot pipelines on two lanes with halved end
-#: chunks (on the grid they gain from 64 KiB to 1 MiB, and nothing from 4 MiB).
+#: Windows below this size also start from one-shot pipelines on two or three lanes with
+#: halved end chunks (on the grid they gain from 64 KiB to 1 MiB, and nothing from 4 MiB).
 RAMPED_ONESHOT_WINDOW = 4 << 20
 #: Among the finalists within this much of the best mean T / T_LB, the one with the smallest
 #: nchunksperloop wins: the runtime runs a program only for element counts it divides, so a
@@ -324,8 +324,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         evals = []
     tried: set[Knobs] = set()
 
-    # a chunk whose last-stage messages carry under ~256 bytes per rank only adds latency
-    max_chunks = max(1, min(MAX_CHUNKS, nominal // (256 * topo.nranks)))
+    # a chunk whose last-stage messages carry under ~128 bytes per rank only adds latency
+    # (one-shot pipelines on three lanes still gain from 5 chunks of 64 KiB on 64 ranks)
+    max_chunks = max(1, min(MAX_CHUNKS, nominal // (128 * topo.nranks)))
 
     def attempt(knobs: Knobs) -> Evaluation | None:
         nonlocal skipped
@@ -401,11 +402,13 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         extra += [Knobs(k, mix=True, ag_lane=True, fan=True, arrange="lanes", spread=v, protocol=proto)
                   for proto in protocol_choices(topo) for k in (4, 8) if k <= max_chunks for v in (1, 2)]
         if allreduce and nominal < RAMPED_ONESHOT_WINDOW:
-            # one-shot pipelines on two lanes whose first and last chunks are halved: the first
-            # reaches the slow dimension sooner, the last leaves it sooner
+            # one-shot pipelines on two or three lanes whose first and last chunks are halved:
+            # the first reaches the slow dimension sooner, the last leaves it sooner
             extra += [Knobs(k, lanes=2, ramp=1, oneshot=True, fan=True, protocol=proto, **shape)
                       for proto in protocol_choices(topo) for k in (6, 8) if k <= max_chunks
                       for shape in ({}, {"mix": True, "arrange": "lanes", "granularity": 2})]
+            extra += [Knobs(k, lanes=3, ramp=1, oneshot=True, fan=True, protocol=proto)
+                      for proto in protocol_choices(topo) for k in (5, 6) if k <= max_chunks]
     if per_protocol(topo) and nominal >= 1 << 20:
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")

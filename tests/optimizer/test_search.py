@@ -218,6 +218,18 @@ def test_small_windows_try_ramped_one_shot_pipelines_on_two_lanes(name, floor):
     assert lower_bound_us(topo, "allreduce", size) / time >= floor
 
 
+@pytest.mark.parametrize("name,floor", [("C6p", 0.41), ("C1p", 0.52)], ids=str)
+def test_64kib_windows_try_five_chunks_one_shot_on_three_lanes(name, floor):
+    """At 64 KiB a one-shot pipeline of 5 chunks on three lanes with halved end chunks wins:
+    C6p U 0.378 -> 0.419, C1p 0.485 -> 0.533. On C6p's 64 ranks its chunks carry 204 bytes per
+    rank in the last stage, under the 256 the search once took as the useful least."""
+    topo, size = GRID.topologies[name], 64 << 10
+    choice = optimize_window(Search(topo, "allreduce"), size, size)
+    time = simulate_exact(lower(choice.plan), topo, size).time_us
+    assert choice.knobs is not None and choice.knobs.oneshot and choice.knobs.lanes == 3
+    assert lower_bound_us(topo, "allreduce", size) / time >= floor
+
+
 def test_the_other_protocols_seeds_descend_on_a_budget_of_their_own(monkeypatch):
     """On C1p at 1 MiB the sweep spends the descent's budget; the best seeds of the other
     protocols still descend (they once shared what was left: nothing)."""

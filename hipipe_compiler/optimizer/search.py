@@ -65,6 +65,9 @@ SEEDS = 3
 #: starts from, when they beat the sweep's: two, since equal times often hide different
 #: shapes that descend differently.
 EXTRA_SEEDS = 2
+#: The best pipeline of mixed orders with at least this many chunks also refines its chunk
+#: count together with its ramp or spread, on what the descents left of the budget.
+PAIRED_CHUNKS = 16
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
 #: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
@@ -187,9 +190,24 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence
     if trees and allreduce:
         out.append(replace(k, tree=not k.tree))
     # last, a refinement: chunk counts a sixth apart, tried once the coarse steps stop paying
-    step = max(1, round(k.chunks / 6))
-    out += [replace(k, chunks=c) for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]  # repeats cost nothing (tried)
+    out += [replace(k, chunks=c) for c in _refined_chunks(k)]  # repeats cost nothing (tried)
     return out
+
+
+def _refined_chunks(k: Knobs) -> list[int]:
+    """Chunk counts a sixth apart from k's."""
+    step = max(1, round(k.chunks / 6))
+    return [c for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]
+
+
+def _paired_neighbours(k: Knobs) -> list[Knobs]:
+    """k's chunk count refined together with its ramp or its spread. How a mixed pipeline's
+    chunks split among orders and lanes changes with their count, so a count that loses alone
+    can win with another ramp or spread (C6p 256 MiB: k24-r1 -> k28-r2)."""
+    if not k.mix or k.chunks < PAIRED_CHUNKS:
+        return []
+    changes = ({"ramp": k.ramp + 1}, {"ramp": max(0, k.ramp - 1)}, *({"spread": v} for v in (1, 2, 3) if v != k.spread))
+    return [replace(k, chunks=c, **change) for c in _refined_chunks(k) for change in changes]
 
 
 def protocol_choices(topology: Topology) -> tuple[str, ...]:
@@ -442,21 +460,28 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     def spent() -> int:
         return search.evaluations - start + skipped
 
-    for i, seed in enumerate(seeds_ranked):
-        best = seed
+    def descend(best: Evaluation, until: int, paired: bool = False) -> None:
+        """First-improvement coordinate descent from `best` until `until` evaluations are spent."""
         improved = True
-        # the sweep's seeds share what the sweep left of the budget; the others' seeds each
-        # get a share of their own, as their sweep took nothing from it
-        until = spent() + ((budget - spent()) // (regular - i) if i < regular else budget // SEEDS)
         while improved and spent() < until:
             improved = False
-            for knobs in _knob_neighbours(best.knobs, allreduce, rings, protocol_choices(topo), has_large_switch(topo)):
+            assert best.knobs is not None
+            for knobs in (*(_paired_neighbours(best.knobs) if paired else ()),
+                          *_knob_neighbours(best.knobs, allreduce, rings, protocol_choices(topo), has_large_switch(topo))):
                 ev = attempt(knobs)
                 # rank 0's time steers the descent; only the seeds and finalists must be exact
                 # (the check generates the probe ranks' operations, about one more lowering)
                 if ev is not None and ev.score < best.score * (1 - 1e-6):
                     best, improved = ev, True
                     break
+
+    for i, seed in enumerate(seeds_ranked):
+        # the sweep's seeds share what the sweep left of the budget; the others' seeds each
+        # get a share of their own, as their sweep took nothing from it
+        descend(seed, spent() + ((budget - spent()) // (regular - i) if i < regular else budget // SEEDS))
+    # then the best so far, also with paired steps, on what the descents left of the budget
+    if seeds_ranked:
+        descend(min((e for e in evals if e.knobs is not None), key=lambda e: e.score), budget, paired=True)
     if not evals:
         if cap is not None:
             raise PlanError(f"no plan for {topo.label} that fits the runtime's limits needs element counts in multiples "

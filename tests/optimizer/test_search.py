@@ -174,7 +174,8 @@ def test_the_protocol_is_a_real_decision():
 
 
 # The protocol targets (C1p, issue 14) that the search reaches.
-PROTOCOL_TARGETS = [("C1p", 64 << 10, 0.45), ("C1p", 4 * MiB, 0.60), ("C1p", 16 * MiB, 0.85), ("C1p", 64 * MiB, 0.95)]
+PROTOCOL_TARGETS = [("C1p", 64 << 10, 0.45), ("C1p", 4 * MiB, 0.60), ("C1p", 16 * MiB, 0.85), ("C1p", 64 * MiB, 0.95),
+                    ("C6p", 256 * MiB, 0.95)]
 
 
 @pytest.mark.parametrize("name,size,target", PROTOCOL_TARGETS, ids=lambda v: str(v))

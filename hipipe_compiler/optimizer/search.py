@@ -295,12 +295,14 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     and all-gather lanes, and with one-shot for few chunks; where latency counts, the other
     protocols, trees and shapes the descent seldom reaches; then coordinate descent over
     every knob from the best three and the best two of those (chunk counts refined last),
-    judged at the window's middle. The five best distinct plans (and the best of each finer
-    nchunksperloop) are judged again at both ends of the window; the finest within
-    GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a window of one size, the finest
-    of those that tie with the best), and the `neighbour` window's plan wins if it is within
-    REUSE_TOLERANCE of that and no coarser. `cap` bounds the element multiple of this
-    window's calls, besides the search's own cap on nchunksperloop.
+    and from the best it found with chunk counts refined together with ramps or spreads too,
+    on what the budget has left, all judged at the window's middle. The five best distinct
+    plans (and the best of each finer nchunksperloop) are judged again at both ends of the
+    window; the finest within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a
+    window of one size, the finest of those that tie with the best), and the `neighbour`
+    window's plan wins if it is within REUSE_TOLERANCE of that and no coarser. `cap` bounds
+    the element multiple of this window's calls, besides the search's own cap on
+    nchunksperloop.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))

@@ -148,8 +148,8 @@ def compile_times() -> str:
     return textwrap.fill(
            f"Compiling a whole 1 KiB–4 GiB directory (`hipipe compile TOPO --sizes 1KiB:4GiB`, end to end on one "
             f"core; `python benchmarks/compile_hipipe.py`) takes {grid}{pod_text}; the targets are a minute per grid "
-            f"topology and five minutes for the pod{status}. One hierarchical all-reduce program for all 1,024 ranks of the pod "
-            f"(`hipipe compile pod-8x4x8x4 --algo hierarchical --size 1GiB`) takes {one['seconds']:.1f} s end to end, "
+            f"topology and five minutes for the pod{status}. One hierarchical all-reduce program for all 1,024 "
+            f"ranks of the pod (`hipipe compile pod-8x4x8x4 --algo hierarchical --size 1GiB`) takes {one['seconds']:.1f} s end to end, "
             f"{one['phases']['verify']:.1f} s of it proving the program (`python benchmarks/compile_speed.py`; "
             f"target {POD_HIERARCHICAL_TARGET_S:.0f} s"
             f"{', missed in this measurement' if one['seconds'] > POD_HIERARCHICAL_TARGET_S else ''}).", width=92)

@@ -502,8 +502,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             attempt(finer)
     sizes = judged_sizes(min_bytes, max_bytes)
     ordered = sorted(evals, key=lambda e: e.score)
-    top = list(islice((e for e in _distinct(ordered) if exact(e)), 5))
-    finer = _finer(list(_distinct(ordered)), top, exact) if ranged else []
+    distinct = list(_distinct(ordered))
+    top = list(islice((e for e in distinct if exact(e)), 5))
+    finer = _finer(distinct, top, exact) if ranged else []
     finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
     ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
     ranked = _granular(ranked, GRANULARITY_TOLERANCE if ranged else TIE)

@@ -89,10 +89,12 @@ def test_a_training_row_reproduces():
     if not (SHARED / "data" / "layer-profiles.json").is_file():
         pytest.skip(f"{SHARED / 'data' / 'layer-profiles.json'} is absent: no ../shared beside this clone")
     saved = json.loads((RESULTS / "training-table.json").read_text())
-    row = next(r for r in saved["rows"] if r["topology"] == "torus-4x4" and r["profile"] == "resnet50"
+    # gpt2's buckets reach the fewest size windows of the torus rows (27; resnet50 57), so its
+    # row compiles fastest, and its hipipe policy differs from the other four
+    row = next(r for r in saved["rows"] if r["topology"] == "torus-4x4" and r["profile"] == "gpt2"
                and r["times"] == "profile")
     topo = load_topology("torus-4x4")
-    report = plan_training(load_profile("resnet50"), SimulatedCost(topo, saved["algorithm"]), topo.nranks)
+    report = plan_training(load_profile("gpt2"), SimulatedCost(topo, saved["algorithm"]), topo.nranks)
     for policy, numbers in row["policies"].items():
         assert report[policy].iteration_ms == pytest.approx(numbers["iteration_ms"], rel=1e-9), policy
 

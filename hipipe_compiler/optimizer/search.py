@@ -435,9 +435,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                   for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
         # and each order on lanes of its own, with the mix tilted by a unit either way: rounded
         # to a dozen chunks, the order mix can leave one unit too many on an order, and the
-        # descent does not go there from a seed that loses (C6p 4 MiB: k12 59.3 us, tilted 44.3)
-        extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", spread=v, tilt=t, protocol="LL128",
+        # descent does not go there from a seed that loses (C6p 4 MiB: k12 59.3 us, tilted
+        # 44.3). Below 4 MiB under LL too (C6p 1 MiB: 22.1 us -> 20.6)
+        extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", spread=v, tilt=t, protocol=proto,
                         split=large)
+                  for proto in ("LL128", "LL") if proto == "LL128" or nominal < RAMPED_ONESHOT_WINDOW
                   for k in (12, 16, 24, 32) if k <= max_chunks for v in (1, 3) for t in (-1, 0, 1)]
     before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
     for knobs in extra:

@@ -433,11 +433,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
                   for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
-        # and each order on lanes of its own, the slow dimension on one or three lane groups,
-        # with the mix tilted by a unit either way: rounded to a dozen chunks, the order mix can
-        # leave one unit too many on an order, and the descent does not go there from a seed
-        # that loses (C6p 4 MiB: k12 59.3 us, tilted 44.3). Below 4 MiB under LL too (C6p
-        # 1 MiB: 22.1 us -> 20.6)
+        # and each order on its own lanes, tilted a unit either way: rounded to a dozen chunks, the mix
+        # can leave a unit too many on an order, which the descent does not reach from a losing seed
+        # (C6p 4 MiB: k12 59.3 us, tilted 44.3); below 4 MiB under LL too (C6p 1 MiB: 22.1 -> 20.6 us)
         extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", spread=v, tilt=t, protocol=proto,
                         split=large)
                   for proto in ("LL128", "LL") if proto == "LL128" or nominal < RAMPED_ONESHOT_WINDOW

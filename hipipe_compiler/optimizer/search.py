@@ -50,6 +50,8 @@ BANDWIDTH_RANKS = 256
 #: Windows below this size also start from one-shot pipelines on two or three lanes with
 #: halved end chunks (on the grid they gain from 64 KiB to 1 MiB, and nothing from 4 MiB).
 RAMPED_ONESHOT_WINDOW = 4 << 20
+#: Below this size lane pipelines are also tried under LL: its latency can outweigh its halved wire efficiency.
+LL_LANES_WINDOW = 4 << 20
 #: Among the finalists within this much of the best mean T / T_LB, the one with the smallest
 #: nchunksperloop wins: the runtime runs a program only for element counts it divides, so a
 #: finer program serves more of a training job's calls (see msccl/selection.py).
@@ -433,13 +435,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
         extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
                   for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
-        # and each order on its own lanes, tilted a unit either way: rounded to a dozen chunks, the mix
-        # can leave a unit too many on an order, which the descent does not reach from a losing seed
-        # (C6p 4 MiB: k12 59.3 us, tilted 44.3); below 4 MiB under LL too (C6p 1 MiB: 22.1 -> 20.6 us)
-        extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", spread=v, tilt=t, protocol=proto,
-                        split=large)
-                  for proto in ("LL128", "LL") if proto == "LL128" or nominal < RAMPED_ONESHOT_WINDOW
-                  for k in (12, 16, 24, 32) if k <= max_chunks for v in (1, 3) for t in (-1, 0, 1)]
+        # and each order on its own lanes, tilted a unit either way: rounded to a dozen chunks, the mix can leave a
+        # unit too many on an order, which the descent does not reach from a losing seed (C6p 4 MiB: 59.3 -> 44.3 us)
+        protos = ("LL128", "LL") if nominal < LL_LANES_WINDOW else ("LL128",)  # C6p 1 MiB under LL: 22.1 -> 20.6 us
+        extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", spread=v, tilt=t, protocol=proto, split=large)
+                  for proto in protos for k in (12, 16, 24, 32) if k <= max_chunks for v in (1, 3) for t in (-1, 0, 1)]
     before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
     for knobs in extra:
         attempt(knobs)

@@ -23,35 +23,26 @@ from ..lower import lower, lowering_key, same_schedule
 from ..msccl.program import PROTOCOLS, Program
 from ..msccl.runtime import Limits
 from ..msccl.selection import count_multiple
-from ..schedule.baselines import DIRECT_MAX_SIZE, default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
+from ..schedule.baselines import default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
 from ..schedule.plan import Plan, plan_shape
 from ..schedule.trees import nccl_tree_fits
 from ..sim.simulate import SimulationError, probe_ranks, simulate
 from ..topology import Topology
+from .candidates import (BANDWIDTH_WINDOW, LARGE_WINDOW, MAX_CHUNKS, chunk_limit, coarse_sweep, extra_sweep,
+                         has_large_switch, protocol_choices)
 from .knobs import Knobs, build_plan
 
 
-#: Most pipeline chunks per loop iteration the search considers (program size grows with it).
-MAX_CHUNKS = 64
 #: A window keeps its smaller neighbour's plan when that costs less than this (the two windows
 #: then share one program and file when the plan does not depend on the window).
 REUSE_TOLERANCE = 0.003
-#: From this call size on, candidates use separate send and receive threadblocks everywhere
-#: (the same speed, and a program that neighbouring windows can share).
-LARGE_WINDOW = 64 << 20
 #: Simulations per window for the coordinate descent; bandwidth-bound windows (from
 #: BANDWIDTH_WINDOW on) get more on topologies up to BANDWIDTH_RANKS ranks, since balancing
 #: every dimension is where the search pays (larger ones cost too much per simulation).
 BUDGET = 60
 BANDWIDTH_BUDGET = 160
-BANDWIDTH_WINDOW = 16 << 20
 BANDWIDTH_RANKS = 256
-#: Windows below this size also start from one-shot pipelines on two or three lanes with
-#: halved end chunks (on the grid they gain from 64 KiB to 1 MiB, and nothing from 4 MiB).
-RAMPED_ONESHOT_WINDOW = 4 << 20
-#: Below this size lane pipelines are also tried under LL: its latency can outweigh its halved wire efficiency.
-LL_LANES_WINDOW = 4 << 20
 #: Among the finalists within this much of the best mean T / T_LB, the one with the smallest
 #: nchunksperloop wins: the runtime runs a program only for element counts it divides, so a
 #: finer program serves more of a training job's calls (see msccl/selection.py).
@@ -212,26 +203,6 @@ def _paired_neighbours(k: Knobs) -> list[Knobs]:
     return [replace(k, chunks=c, **change) for c in _refined_chunks(k) for change in changes]
 
 
-def protocol_choices(topology: Topology) -> tuple[str, ...]:
-    """The protocols the search weighs. Where every protocol pays the same alpha, LL only
-    doubles the wire bytes, so it is left out (LL128 stays: its deeper FIFOs can pay)."""
-    if per_protocol(topology):
-        return ("Simple", "LL128", "LL")
-    return ("Simple", "LL128")
-
-
-def per_protocol(topology: Topology) -> bool:
-    """Whether some dimension's latency differs by protocol (the protocol is then a real
-    decision, and the search sweeps the low-latency ones)."""
-    return any(d.per_protocol for d in topology.dimensions)
-
-
-def has_large_switch(topology: Topology) -> bool:
-    """Whether a switch dimension is too large for direct exchange (it runs a ring by
-    default), so a tree's 2 log2(n) latencies can beat the ring's n - 1."""
-    return any(d.kind == "switch" and d.size > DIRECT_MAX_SIZE for d in topology.dimensions)
-
-
 @dataclass(frozen=True)
 class Choice:
     """The plan HiPIPE picked for one size window, with what it was judged on, and the next
@@ -346,9 +317,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         evals = []
     tried: set[Knobs] = set()
 
-    # a chunk whose last-stage messages carry under ~128 bytes per rank only adds latency
-    # (one-shot pipelines on three lanes still gain from 5 chunks of 64 KiB on 64 ranks)
-    max_chunks = max(1, min(MAX_CHUNKS, nominal // (128 * topo.nranks)))
+    max_chunks = chunk_limit(topo, nominal)
 
     def attempt(knobs: Knobs) -> Evaluation | None:
         nonlocal skipped
@@ -374,72 +343,13 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             evals.append(ev)
         return ev
 
-    coarse = [Knobs(1), *(Knobs(1, oneshot=True) for _ in [0] if allreduce)]
     large = nominal >= LARGE_WINDOW  # windows whose programs can be made size-independent
-    for k in (2, 4, 8, 16, 24, 32, 48, MAX_CHUNKS):
-        if k > max_chunks:
-            break
-        spread = [Knobs(k, mix=True, ag_lane=True, granularity=2, ramp=1, arrange="lanes", spread=v) for v in (2, 3)]
-        if k == MAX_CHUNKS:  # the finest pipelines pay only with the slow dimension's latency covered
-            coarse += spread
-            break
-        coarse += [Knobs(k), Knobs(k, ag_lane=True), Knobs(k, mix=True, ag_lane=True),
-                   Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2)]
-        if k >= 8:
-            coarse.append(Knobs(k, mix=True, ag_lane=True, granularity=8, ramp=2, arrange="lanes", split=large))
-            coarse.append(Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, split=large))
-        if k >= 24:
-            coarse += [Knobs(k, mix=True, ag_lane=True, granularity=g, ramp=r, arrange="lanes", split=large)
-                       for g, r in ((4, 1), (4, 3), (2, 2), (1, 4))]
-            coarse += spread
-        if allreduce and k <= 4:
-            coarse.append(Knobs(k, ag_lane=True, oneshot=True))
-        if k <= 8:
-            coarse += [Knobs(k, fan=True), Knobs(k, fan=True, oneshot=allreduce)]
+    coarse = coarse_sweep(max_chunks, allreduce, large)
     for knobs in (*seeds, *coarse):
         attempt(knobs)
     # the other protocols, trees and shapes the descent seldom reaches are swept on top,
     # taking nothing from the descent's budget
-    extra: list[Knobs] = []
-    if nominal < BANDWIDTH_WINDOW:  # where latency counts, the low-latency protocols and trees compete
-        trees = allreduce and has_large_switch(topo)
-        # where every protocol pays the same alpha, LL128 stays a neighbour in the descent only
-        for proto in protocol_choices(topo)[1:] if per_protocol(topo) else ():
-            for k in (1, 2, 4, 8, 16):
-                if k <= max_chunks:
-                    extra += [Knobs(k, protocol=proto), Knobs(k, mix=True, ag_lane=True, protocol=proto),
-                              Knobs(k, fan=True, protocol=proto)]
-                    if k >= 4:
-                        extra.append(Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, protocol=proto))
-                    if allreduce:
-                        extra += [Knobs(k, ag_lane=True, oneshot=True, protocol=proto),
-                                  Knobs(k, fan=True, oneshot=True, protocol=proto)]
-                    if trees:
-                        extra.append(Knobs(k, ag_lane=True, tree=True, protocol=proto))
-        if trees:
-            extra += [Knobs(k, ag_lane=True, tree=True) for k in (1, 2, 4) if k <= max_chunks]
-        # every order on lanes of its own and every chunk's later stages on lanes of their own:
-        # the orders share the dimensions and no message waits behind another's latency (the
-        # descent seldom reaches this from the sweep: mixing orders on shared lanes loses first)
-        extra += [Knobs(k, mix=True, ag_lane=True, fan=True, arrange="lanes", spread=v, protocol=proto)
-                  for proto in protocol_choices(topo) for k in (4, 8) if k <= max_chunks for v in (1, 2)]
-        if allreduce and nominal < RAMPED_ONESHOT_WINDOW:
-            # one-shot pipelines on two or three lanes whose first and last chunks are halved:
-            # the first reaches the slow dimension sooner, the last leaves it sooner
-            extra += [Knobs(k, lanes=2, ramp=1, oneshot=True, fan=True, protocol=proto, **shape)
-                      for proto in protocol_choices(topo) for k in (6, 8) if k <= max_chunks
-                      for shape in ({}, {"mix": True, "arrange": "lanes", "granularity": 2})]
-            extra += [Knobs(k, lanes=3, ramp=1, oneshot=True, fan=True, protocol=proto)
-                      for proto in protocol_choices(topo) for k in (5, 6) if k <= max_chunks]
-    if per_protocol(topo) and nominal >= 1 << 20:
-        # pipelines with LL128's lower latency, its slow dimension's messages spread over lanes
-        extra += [Knobs(k, mix=True, ag_lane=True, granularity=4, ramp=2, lanes=3, spread=v, protocol="LL128")
-                  for k in (8, 16, 24) if k <= max_chunks for v in (1, 2, 3)]
-        # and each order on its own lanes, tilted a unit either way: rounded to a dozen chunks, the mix can leave a
-        # unit too many on an order, which the descent does not reach from a losing seed (C6p 4 MiB: 59.3 -> 44.3 us)
-        protos = ("LL128", "LL") if nominal < LL_LANES_WINDOW else ("LL128",)  # C6p 1 MiB under LL: 22.1 -> 20.6 us
-        extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", spread=v, tilt=t, protocol=proto, split=large)
-                  for proto in protos for k in (12, 16, 24, 32) if k <= max_chunks for v in (1, 3) for t in (-1, 0, 1)]
+    extra = extra_sweep(topo, nominal, max_chunks, allreduce, large)
     before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
     for knobs in extra:
         attempt(knobs)

@@ -1,0 +1,72 @@
+"""The search's candidate lists: what the coarse sweep and the extras offer, and that every
+candidate they offer builds a well-formed plan."""
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hipipe_compiler.bench import load_grid
+from hipipe_compiler.optimizer.candidates import (BANDWIDTH_WINDOW, LARGE_WINDOW, LL_LANES_WINDOW, MAX_CHUNKS,
+                                                  chunk_limit, coarse_sweep, extra_sweep, protocol_choices)
+from hipipe_compiler.optimizer.knobs import build_plan
+from hipipe_compiler.schedule import check_plan
+
+from conftest import COLLECTIVES, REPO, examples, topologies
+
+MiB = 1 << 20
+GRID = load_grid(REPO / "benchmarks" / "grid.yaml")
+
+
+def candidates(topology, collective: str, nominal: int):
+    allreduce, large = collective == "allreduce", nominal >= LARGE_WINDOW
+    limit = chunk_limit(topology, nominal)
+    return [*coarse_sweep(limit, allreduce, large), *extra_sweep(topology, nominal, limit, allreduce, large)]
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(topologies(max_ranks=32), st.sampled_from(COLLECTIVES), st.integers(12, 30), st.data())
+def test_every_candidate_fits_its_window_and_builds_a_valid_plan(topo, collective, log_size, data):
+    """Chunk counts stay within the window's limit, protocols within those the topology
+    weighs, one-shot and trees only for all-reduce; and any candidate builds a plan."""
+    nominal = 1 << log_size
+    offered = candidates(topo, collective, nominal)
+    limit = chunk_limit(topo, nominal)
+    assert 1 <= limit <= MAX_CHUNKS
+    assert all(1 <= k.chunks <= limit for k in offered)
+    assert {k.protocol for k in offered} <= set(protocol_choices(topo))
+    if collective != "allreduce":
+        assert not any(k.oneshot or k.tree for k in offered)
+    knobs = data.draw(st.sampled_from(offered))
+    check_plan(build_plan(topo, collective, nominal, nominal, knobs))
+
+
+def test_ll_is_offered_only_where_latencies_differ_by_protocol():
+    """On the scalar grid LL only doubles the wire bytes, so no candidate uses it; C6p's
+    differ, and LL competes below the bandwidth-bound windows."""
+    for size in (64 << 10, MiB, 4 * MiB, 64 * MiB):
+        assert not any(k.protocol == "LL" for k in candidates(GRID.topologies["C6"], "allreduce", size))
+    assert any(k.protocol == "LL" for k in candidates(GRID.topologies["C6p"], "allreduce", MiB))
+    assert not any(k.protocol == "LL" for k in candidates(GRID.topologies["C6p"], "allreduce", BANDWIDTH_WINDOW))
+
+
+def test_tilted_lane_pipelines_run_under_ll_only_below_their_window():
+    """C6p's picks at 1 and 4 MiB (k12, each order on its own lanes, tilted -1, slow dimension
+    on three lane groups) are offered there, under LL only below LL_LANES_WINDOW."""
+    topo = GRID.topologies["C6p"]
+    pick = [k for k in candidates(topo, "allreduce", MiB) if k.label == "k12-mix-ag-l2-r1-lanes-t-1-s3-LL"]
+    assert len(pick) == 1
+    at_window = candidates(topo, "allreduce", LL_LANES_WINDOW)
+    assert replace(pick[0], protocol="LL128") in at_window
+    assert pick[0] not in at_window
+
+
+def test_bandwidth_bound_windows_get_no_extras_where_latencies_are_scalar():
+    """From BANDWIDTH_WINDOW on, a scalar topology's search runs the coarse sweep and the
+    descent only; a per-protocol one still tries LL128's lane pipelines."""
+    for name in ("C1", "C3", "C5", "C6"):
+        topo = GRID.topologies[name]
+        assert extra_sweep(topo, BANDWIDTH_WINDOW, chunk_limit(topo, BANDWIDTH_WINDOW), True, False) == []
+    topo = GRID.topologies["C6p"]
+    extras = extra_sweep(topo, BANDWIDTH_WINDOW, chunk_limit(topo, BANDWIDTH_WINDOW), True, False)
+    assert extras and {k.protocol for k in extras} == {"LL128"}

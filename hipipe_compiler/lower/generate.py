@@ -83,7 +83,7 @@ class Generator:
         self.plan = plan
         self.limits = limits
         self.topology = plan.topology
-        self.axes = [Axis(plan.topology, plan.flat, a) for a in range(plan.naxes)]
+        self.axes = [Axis(plan.topology, plan.flat, a, plan.fold if a == 0 else ()) for a in range(plan.naxes)]
         self.cells = _Cells(plan, self.axes)
         self.roles: list[Role] = []
         self.role_index: dict[tuple[int, int, str, int, str], int] = {}
@@ -219,7 +219,7 @@ class Generator:
                 if st.kind in ("rs", "ar"):
                     inp, own = self.rs_input(st.depth), self.rs_owned(st.depth)
                     for delta in range(1, n):
-                        start, cnt = blocks[(p + delta) % n][i]
+                        start, cnt = blocks[axis.add(p, delta)][i]
                         ops.append(Op(send_roles[delta - 1], (e, i, 0), "s", (inp, start), None, cnt))
                         if fused:
                             start, cnt = blocks[p][i]
@@ -237,11 +237,11 @@ class Generator:
                         start, cnt = blocks[p][i]
                         ops.append(Op(send_roles[delta - 1], (e, i, rnd), "s", (src, start), None, cnt))
                         if fused:
-                            start, cnt = blocks[(p + delta) % n][i]
+                            start, cnt = blocks[axis.add(p, delta)][i]
                             ops.append(Op(recv_roles[delta - 1], (e, i, rnd), "r", None, ("o", start), cnt))
                     if not fused:
                         for delta in range(1, n):
-                            start, cnt = blocks[(p + delta) % n][i]
+                            start, cnt = blocks[axis.add(p, delta)][i]
                             ops.append(Op(recv_roles[delta - 1], (e, i, rnd), "r", None, ("o", start), cnt))
 
     def _oneshot(self, ops: list[Op], e: int, n: int, k: int, st: Stage, prefix: tuple[int, ...],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..schedule.fold import fold_add
 from ..schedule.trees import binary_tree, nccl_tree
 from ..topology import Topology
 
@@ -21,10 +22,11 @@ class Axis:
     dimension through different ports; lane 0 runs Topology.ring_order itself.
     """
 
-    def __init__(self, topology: Topology, flat: bool, index: int) -> None:
+    def __init__(self, topology: Topology, flat: bool, index: int, fold: tuple[int, ...] = ()) -> None:
         self.topology = topology
         self.flat = flat
         self.index = index
+        self.fold = fold
         if flat:
             self.cycle = topology.ring_order()
             self.position = {r: i for i, r in enumerate(self.cycle)}
@@ -36,6 +38,11 @@ class Axis:
         if self.flat:
             return self.position[self._translate(rank, lane, -1)]
         return self.topology.coord(rank, self.index)
+
+    def add(self, pos: int, offset: int) -> int:
+        """The position `offset` further on: digit by digit on a folded axis (fold.py), so
+        that every rank's peers lie in the same directions of the network."""
+        return fold_add(pos, offset, self.fold) if self.fold else (pos + offset) % self.size
 
     def member(self, rank: int, pos: int, lane: int = 0) -> int:
         pos %= self.size
@@ -114,7 +121,7 @@ class Role:
         if self.algorithm == "ring":
             send, recv = axis.member(rank, p + self.offset, lane), axis.member(rank, p - self.offset, lane)
         else:
-            send = recv = axis.member(rank, p + self.offset, lane)
+            send = recv = axis.member(rank, axis.add(p, self.offset), lane)
         if self.side == "send":
             recv = -1
         elif self.side == "recv":

@@ -16,8 +16,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from ..errors import PlanError
 from ..schedule.baselines import auto_layouts, bandwidth_order, default_algorithms, needs_both_directions
 from ..schedule.estimate import default_schedule, stage_cost
+from ..schedule.fold import fold_topology
 from ..schedule.plan import RING_ALGORITHMS, ChunkPlan, Plan, chunk_stages
 from ..topology import Topology
 from .lp import StageCost, chunk_sizes, order_mix
@@ -46,6 +48,7 @@ class Knobs:
     spread: int = 1  # stages on the highest-latency dimension take this many lane groups in turn (chunk by
     # chunk), so more of its messages are in flight to cover the latency of each
     tree: bool = False  # switch dimensions all-reduce over two complementary binary trees (2 log2 n latencies)
+    fold: bool = False  # the innermost dimensions act as one switch (schedule/fold.py): one hop instead of several
 
     @property
     def label(self) -> str:
@@ -78,6 +81,8 @@ class Knobs:
             parts.append(f"s{self.spread}")
         if self.tree:
             parts.append("tree")
+        if self.fold:
+            parts.append("fold")
         if self.protocol != "Simple":
             parts.append(self.protocol)
         return "-".join(parts)
@@ -199,6 +204,12 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
                nominal_bytes: int | None = None) -> Plan:
     """The plan a set of knobs describes, for calls of min_bytes..max_bytes."""
     nominal = nominal_bytes or max_bytes
+    radices: tuple[int, ...] = ()
+    if knobs.fold:
+        try:
+            topology, radices = fold_topology(topology)
+        except ValueError as e:
+            raise PlanError(str(e)) from None
     algs = default_algorithms(topology)
     if knobs.bidir:
         algs = tuple("bidir" if a == "ring" else a for a in algs)
@@ -206,6 +217,8 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
         algs = tuple("oneshot" for _ in algs)
     elif knobs.tree and collective == "allreduce":
         algs = tuple("tree" if d.kind == "switch" and d.size > 2 else a for d, a in zip(topology.dimensions, algs))
+    if radices and algs[0] != "oneshot":
+        algs = ("direct", *algs[1:])  # a folded axis exchanges directly: its ranks are no one ring
     dirs = (1, -1) if needs_both_directions(topology, False, algs) else (1,)
     per_chunk = _ramped(_chunk_orders(_orders(topology, collective, knobs), knobs.chunks, knobs.arrange), knobs.ramp)
     pieces = [(order, share / len(dirs), d) for order, share in per_chunk for d in dirs]
@@ -235,7 +248,7 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
     plan = Plan(
         topology=topology, collective=collective, chunks=chunks, algorithms=algs, layouts=layouts,
         protocol=knobs.protocol, min_bytes=min_bytes, max_bytes=max_bytes, nominal_bytes=nominal,
-        name=f"{collective}-hipipe-{knobs.label}-{topology.label}", label=f"hipipe {knobs.label}",
+        name=f"{collective}-hipipe-{knobs.label}-{topology.label}", label=f"hipipe {knobs.label}", fold=radices,
     )
     if knobs.lp_sizes and len(chunks) > 1:
         plan = lp_resize(plan, total_units, nominal)

@@ -80,6 +80,8 @@ class Plan:
     `flat` plans use one ring through every rank (Topology.ring_order) as their single axis;
     otherwise axis d is topology dimension d. `schedule` lists (chunk, stage) pairs in the
     order lowering emits them; empty means the default list schedule (estimate.events).
+    A plan with `fold` is made for the network's innermost dimensions folded into one switch
+    (fold.py): its `topology` is the folded one, and axis 0 exchanges directly.
     """
 
     topology: Topology
@@ -96,6 +98,7 @@ class Plan:
     name: str = ""
     label: str = ""
     notes: tuple[str, ...] = field(default=(), compare=False)
+    fold: tuple[int, ...] = ()  # axis 0 folds the network's innermost dimensions of these sizes (fold.py)
 
     @property
     def naxes(self) -> int:
@@ -168,6 +171,11 @@ def check_plan(plan: Plan) -> None:
             raise PlanError(f"axis {a}: {alg} is an all-reduce of the last axis; {plan.collective} has none")
         if alg == "tree" and not plan.flat and plan.axis_size(a) > 3 and plan.topology.dimensions[a].kind == "ring":
             raise PlanError(f"axis {a}: a tree needs a switch dimension; a ring only links neighbours")
+    if plan.fold:
+        if plan.flat or math.prod(plan.fold) != plan.axis_size(0):
+            raise PlanError(f"axis 0 folds dimensions of sizes {plan.fold}; it has {plan.axis_size(0)} ranks")
+        if plan.algorithms[0] not in ("direct", "oneshot"):
+            raise PlanError(f"axis 0 folds dimensions: it needs direct or one-shot exchange, not {plan.algorithms[0]}")
     for k, c in enumerate(plan.chunks):
         if c.units < 1:
             raise PlanError(f"chunk {k}: units must be >= 1")

@@ -10,7 +10,10 @@ trees and shapes the descent seldom reaches from the sweep's best).
 
 from __future__ import annotations
 
+import math
+
 from ..schedule.baselines import DIRECT_MAX_SIZE
+from ..schedule.fold import fold_depth
 from ..topology import Topology
 from .knobs import Knobs
 
@@ -27,6 +30,9 @@ BANDWIDTH_WINDOW = 16 << 20
 RAMPED_ONESHOT_WINDOW = 4 << 20
 #: Below this size lane pipelines are also tried under LL: its latency can outweigh its halved wire efficiency.
 LL_LANES_WINDOW = 4 << 20
+#: Below this size one-shot pipelines also fold the innermost dimensions into one switch (schedule/fold.py):
+#: one hop fewer each way pays at C6p 64 KiB (6.44 -> 5.87 us), and the bytes it adds lose from 256 KiB.
+FOLD_WINDOW = 256 << 10
 
 
 def chunk_limit(topology: Topology, nominal: int) -> int:
@@ -109,6 +115,9 @@ def extra_sweep(topology: Topology, nominal: int, max_chunks: int, allreduce: bo
         extra += [Knobs(k, mix=True, ag_lane=True, lanes=2, ramp=1, arrange="lanes", spread=v, tilt=t, protocol=proto,
                         split=large)
                   for proto in protos for k in (12, 16, 24, 32) if k <= max_chunks for v in (1, 3) for t in (-1, 0, 1)]
+    if per_protocol(topology) and allreduce and nominal < FOLD_WINDOW and folds(topology):
+        extra += [Knobs(k, ag_lane=True, lanes=v, ramp=1, oneshot=True, fan=True, fold=True, protocol=proto)
+                  for proto in protocol_choices(topology)[1:] for k in (2, 3, 4, 6) if k <= max_chunks for v in (1, 2, 3)]
     return extra
 
 
@@ -124,6 +133,13 @@ def per_protocol(topology: Topology) -> bool:
     """Whether some dimension's latency differs by protocol (the protocol is then a real
     decision, and the search sweeps the low-latency ones)."""
     return any(d.per_protocol for d in topology.dimensions)
+
+
+def folds(topology: Topology) -> bool:
+    """Whether the search folds the innermost dimensions into one switch: where they can fold,
+    an outer dimension is left and the folded ranks are few enough for direct exchange."""
+    depth = fold_depth(topology)
+    return 0 < depth < topology.ndims and math.prod(topology.shape[:depth]) <= DIRECT_MAX_SIZE
 
 
 def has_large_switch(topology: Topology) -> bool:

@@ -335,7 +335,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
         if (strict and not selectable(plan)) or not allowed(plan):
             return None
-        if hopeless(plan, (e.score for e in evals)):
+        if not plan.fold and hopeless(plan, (e.score for e in evals)):  # a folded plan's floor is not the network's
             skipped += 1
             return None
         ev = search.judge(plan, middle, knobs)

@@ -7,10 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.bench import load_grid
-from hipipe_compiler.optimizer.candidates import (BANDWIDTH_WINDOW, LARGE_WINDOW, LL_LANES_WINDOW, MAX_CHUNKS,
-                                                  chunk_limit, coarse_sweep, extra_sweep, protocol_choices)
+from hipipe_compiler.optimizer.candidates import (BANDWIDTH_WINDOW, FOLD_WINDOW, LARGE_WINDOW, LL_LANES_WINDOW,
+                                                  MAX_CHUNKS, chunk_limit, coarse_sweep, extra_sweep, folds,
+                                                  protocol_choices)
 from hipipe_compiler.optimizer.knobs import build_plan
 from hipipe_compiler.schedule import check_plan
+from hipipe_compiler.topology import preset
 
 from conftest import COLLECTIVES, REPO, examples, topologies
 
@@ -70,3 +72,15 @@ def test_bandwidth_bound_windows_get_no_extras_where_latencies_are_scalar():
     topo = GRID.topologies["C6p"]
     extras = extra_sweep(topo, BANDWIDTH_WINDOW, chunk_limit(topo, BANDWIDTH_WINDOW), True, False)
     assert extras and {k.protocol for k in extras} == {"LL128"}
+
+
+def test_folded_one_shot_pipelines_are_offered_where_inner_dimensions_fold_into_a_small_switch():
+    """C6p's two-rank ring and eight-rank switch fold into one switch of 16 below FOLD_WINDOW;
+    the scalar C6 keeps its grid results, and the pod's 32 folded ranks are too many for
+    direct exchange."""
+    assert folds(GRID.topologies["C6p"]) and not folds(preset("pod-8x4x8x4")) and not folds(preset("dgx-h100-8x4"))
+    folded = [k for k in candidates(GRID.topologies["C6p"], "allreduce", 64 << 10) if k.fold]
+    assert folded and all(k.oneshot and k.protocol != "Simple" for k in folded)
+    assert not any(k.fold for k in candidates(GRID.topologies["C6p"], "allreduce", FOLD_WINDOW))
+    assert not any(k.fold for k in candidates(GRID.topologies["C6"], "allreduce", 64 << 10))
+    assert not any(k.fold for k in candidates(GRID.topologies["C6p"], "reducescatter", 64 << 10))

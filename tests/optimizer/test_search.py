@@ -4,7 +4,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.bench import BASELINES, load_grid
@@ -279,6 +279,7 @@ def test_the_finalists_are_distinct_plans():
 def test_plans_of_one_shape_take_the_same_time(topo, knobs, window):
     """plan_shape forgets names and lane numbers only: knobs whose plans share a shape give
     programs that take the same time, so dropping all but one of them loses nothing."""
+    assume(not knobs.fold or fold_depth(topo))
     lo, hi = window
     first, *others = [build_plan(topo, "allreduce", lo, hi, k) for k in
                       (knobs, replace(knobs, ag_lane=not knobs.ag_lane), replace(knobs, spread=knobs.spread % 3 + 1))]

@@ -1,6 +1,6 @@
-"""The HiPIPE search: for a topology, collective and size window, candidate plans (knobs.py)
-and the baselines are lowered and simulated, and the simulator is the judge (design.md
-"Optimizer"): a coarse sweep, coordinate descent over every knob from the best few, and the
+"""The HiPIPE search: for a topology, collective and size window, candidate plans (knobs.py,
+candidates.py) and the baselines are lowered and simulated, and the simulator is the judge
+(design.md "Optimizer"): a coarse sweep, coordinate descent over every knob from the best few, and the
 finalists judged again at both ends of the window.
 
 >>> from hipipe_compiler.topology import preset

@@ -361,6 +361,7 @@ def window_summary(cw: CompiledWindow) -> dict[str, Any]:
         "chunks": chunk_label(plan),
         "chunk_units": [c.units for c in plan.chunks],
         "orders": [list(c.order) for c in plan.chunks],
+        "fold": list(plan.fold),  # sizes of the dimensions axis 0 of the orders folds into one switch ([]: none)
         "nchunksperloop": program.nchunksperloop,
         "element_multiple": element_multiple(program),
         "channels": program.nchannels,

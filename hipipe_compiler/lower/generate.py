@@ -72,7 +72,7 @@ class _Cells:
             owners = [o + c * stride for o in owners for c in values]
 
         def relative(r: int) -> tuple[int, ...]:
-            return tuple((topo.coord(r, d) - base.get(d, 0)) % topo.dimensions[d].size for d in reversed(free))
+            return tuple(self.axes[d].difference(topo.coord(r, d), base.get(d, 0)) for d in reversed(free))
         return sorted(owners, key=relative)
 
 

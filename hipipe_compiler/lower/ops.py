@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..schedule.fold import fold_add
+from ..schedule.fold import fold_add, fold_sub
 from ..schedule.trees import binary_tree, nccl_tree
 from ..topology import Topology
 
@@ -43,6 +43,10 @@ class Axis:
         """The position `offset` further on: digit by digit on a folded axis (fold.py), so
         that every rank's peers lie in the same directions of the network."""
         return fold_add(pos, offset, self.fold) if self.fold else (pos + offset) % self.size
+
+    def difference(self, pos: int, origin: int) -> int:
+        """The offset from `origin` to `pos`: the inverse of add."""
+        return fold_sub(pos, origin, self.fold) if self.fold else (pos - origin) % self.size
 
     def member(self, rank: int, pos: int, lane: int = 0) -> int:
         pos %= self.size

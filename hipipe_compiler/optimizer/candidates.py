@@ -73,7 +73,8 @@ def coarse_sweep(max_chunks: int, allreduce: bool, large: bool) -> list[Knobs]:
 def extra_sweep(topology: Topology, nominal: int, max_chunks: int, allreduce: bool, large: bool) -> list[Knobs]:
     """The candidates swept on top of the coarse sweep, outside the descent's budget: where
     latency counts, the low-latency protocols, trees, lane pipelines and ramped one-shot
-    pipelines; on topologies with per-protocol latencies, LL128 (and LL) lane pipelines."""
+    pipelines; on topologies with per-protocol latencies, LL128 (and LL) lane pipelines, and
+    below FOLD_WINDOW one-shot pipelines with the inner dimensions folded into one switch."""
     extra: list[Knobs] = []
     if nominal < BANDWIDTH_WINDOW:  # where latency counts, the low-latency protocols and trees compete
         trees = allreduce and has_large_switch(topology)
@@ -117,7 +118,7 @@ def extra_sweep(topology: Topology, nominal: int, max_chunks: int, allreduce: bo
                   for proto in protos for k in (12, 16, 24, 32) if k <= max_chunks for v in (1, 3) for t in (-1, 0, 1)]
     if per_protocol(topology) and allreduce and nominal < FOLD_WINDOW and folds(topology):
         extra += [Knobs(k, ag_lane=True, lanes=v, ramp=1, oneshot=True, fan=True, fold=True, protocol=proto)
-                  for proto in protocol_choices(topology)[1:] for k in (2, 3, 4, 6) if k <= max_chunks for v in (1, 2, 3)]
+                  for proto in protocol_choices(topology)[1:] for k in (2, 3, 4) if k <= max_chunks for v in (1, 2, 3)]
     return extra
 
 

@@ -206,6 +206,8 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
     nominal = nominal_bytes or max_bytes
     radices: tuple[int, ...] = ()
     if knobs.fold:
+        if collective != "allreduce":  # its cells lie by owner rank, whose runs the digit-wise order breaks up
+            raise PlanError(f"only an all-reduce folds dimensions; {collective} lays its data out by rank")
         try:
             topology, radices = fold_topology(topology)
         except ValueError as e:

@@ -1,14 +1,15 @@
-"""Folding: a plan may treat a topology's innermost dimensions as one switch axis, so that a
-latency-bound call pays one hop where it would pay one per dimension (C6p at 64 KiB: the
+"""Folding: an all-reduce plan may treat a topology's innermost dimensions as one switch axis,
+so that a latency-bound call pays one hop where it would pay one per dimension (C6p at 64 KiB: the
 two-rank ring and the eight-rank switch below the network, 6.44 -> 5.87 us).
 
 The fold is legal where every pair of ranks that differ only in the folded dimensions has a
-link: the outermost folded dimension is a switch (a hop there also sets every coordinate
-below it), and each one below is a switch too, except the innermost, which may be a ring of
-up to three ranks (each rank its neighbour). Ranks keep their numbers: the folded axis's
-position is the mixed-radix number of the folded coordinates, and peers on it are found by
-adding offsets digit by digit (`fold_add`), which is a translation of the real dimensions,
-so every rank runs rank 0's schedule shifted (simulate.symmetric holds on the real topology).
+link: dimension 0 folds into dimension 1 where dimension 1 is a switch (a hop there also
+sets coordinate 0) and dimension 0 is a switch or a ring of up to three ranks (whose ranks
+are all neighbours). Ranks keep their numbers: the folded axis's position is the
+mixed-radix number of the folded coordinates, and peers and owners on it are found by adding
+and subtracting offsets digit by digit (`fold_add`, `fold_sub`), which translates the real
+dimensions, so a rank's schedule is rank 0's shifted wherever the unfolded plan's is
+(simulate.symmetric holds on the real topology).
 
 >>> from hipipe_compiler.topology import preset
 >>> folded, radices = fold_topology(preset("dgx-h100-8x4"))
@@ -25,21 +26,18 @@ from dataclasses import replace
 
 from ..topology import Dimension, Topology
 
-#: The largest ring the innermost folded dimension may be: every other rank is a neighbour.
+#: The largest ring dimension 0 may be to fold: every other rank is a neighbour.
 FOLDABLE_RING = 3
 
 
 def fold_depth(topology: Topology) -> int:
-    """How many dimensions the fold merges (0: none can be): the innermost ones up to the
-    first switch above dimension 0, if every one below it may be folded."""
+    """How many dimensions the fold merges: 2 where dimension 0 can fold into dimension 1,
+    0 where it cannot. (Folding further switches would be legal too; one level is what the
+    search has found to pay.)"""
     dims = topology.dimensions
-    for upto in range(1, topology.ndims):
-        below = dims[:upto]
-        if any(d.kind != "switch" for d in below[1:]) or (below[0].kind == "ring" and below[0].size > FOLDABLE_RING):
-            return 0
-        if dims[upto].kind == "switch":
-            return upto + 1
-    return 0
+    if topology.ndims < 2 or dims[1].kind != "switch":
+        return 0
+    return 2 if dims[0].kind == "switch" or dims[0].size <= FOLDABLE_RING else 0
 
 
 def fold_topology(topology: Topology) -> tuple[Topology, tuple[int, ...]]:
@@ -51,15 +49,25 @@ def fold_topology(topology: Topology) -> tuple[Topology, tuple[int, ...]]:
         raise ValueError(f"topology {topology.label}: no inner dimensions can fold into one switch")
     parts = topology.dimensions[:depth]
     top = parts[-1]
-    merged: Dimension = replace(top, size=math.prod(d.size for d in parts), name="+".join(topology.dim_name(d) for d in range(depth)))
+    name = "+".join(topology.dim_name(d) for d in range(depth))
+    merged: Dimension = replace(top, size=math.prod(d.size for d in parts), name=name)
     return replace(topology, dimensions=(merged, *topology.dimensions[depth:]), name=topology.label), \
         tuple(d.size for d in parts)
 
 
 def fold_add(position: int, offset: int, radices: tuple[int, ...]) -> int:
     """position + offset on a folded axis: digit by digit, each digit modulo its radix."""
+    return _digitwise(position, offset, radices, 1)
+
+
+def fold_sub(position: int, origin: int, radices: tuple[int, ...]) -> int:
+    """The offset that fold_add takes from origin to position."""
+    return _digitwise(position, origin, radices, -1)
+
+
+def _digitwise(a: int, b: int, radices: tuple[int, ...], sign: int) -> int:
     out, scale = 0, 1
     for n in radices:
-        out += ((position // scale + offset // scale) % n) * scale
+        out += ((a // scale + sign * (b // scale)) % n) * scale
         scale *= n
     return out

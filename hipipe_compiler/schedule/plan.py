@@ -80,8 +80,8 @@ class Plan:
     `flat` plans use one ring through every rank (Topology.ring_order) as their single axis;
     otherwise axis d is topology dimension d. `schedule` lists (chunk, stage) pairs in the
     order lowering emits them; empty means the default list schedule (estimate.events).
-    A plan with `fold` is made for the network's innermost dimensions folded into one switch
-    (fold.py): its `topology` is the folded one, and axis 0 exchanges directly.
+    An all-reduce plan with `fold` is made for the network's innermost dimensions folded into
+    one switch (fold.py): its `topology` is the folded one, and axis 0 exchanges directly.
     """
 
     topology: Topology
@@ -172,6 +172,8 @@ def check_plan(plan: Plan) -> None:
         if alg == "tree" and not plan.flat and plan.axis_size(a) > 3 and plan.topology.dimensions[a].kind == "ring":
             raise PlanError(f"axis {a}: a tree needs a switch dimension; a ring only links neighbours")
     if plan.fold:
+        if plan.collective != "allreduce":
+            raise PlanError(f"only an all-reduce folds dimensions; {plan.collective} lays its data out by rank")
         if plan.flat or math.prod(plan.fold) != plan.axis_size(0):
             raise PlanError(f"axis 0 folds dimensions of sizes {plan.fold}; it has {plan.axis_size(0)} ranks")
         if plan.algorithms[0] not in ("direct", "oneshot"):

@@ -1,10 +1,11 @@
 """Folding inner dimensions into one switch axis: where it is legal, that offsets on the
 folded axis are translations of the network, and that an illegal fold is caught."""
 
+import math
 from dataclasses import replace
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.bench import load_grid
@@ -12,12 +13,12 @@ from hipipe_compiler.errors import PlanError
 from hipipe_compiler.lower import lower, same_schedule
 from hipipe_compiler.optimizer.knobs import Knobs, build_plan
 from hipipe_compiler.schedule import check_plan
-from hipipe_compiler.schedule.fold import fold_add, fold_depth, fold_topology
+from hipipe_compiler.schedule.fold import fold_add, fold_depth, fold_sub, fold_topology
 from hipipe_compiler.sim import SimulationError, simulate, simulate_exact
 from hipipe_compiler.sim.simulate import probe_ranks, symmetric
 from hipipe_compiler.topology import Dimension, Topology, preset
 
-from conftest import REPO
+from conftest import REPO, examples, topologies
 
 C6P = load_grid(REPO / "benchmarks" / "grid.yaml").topologies["C6p"]
 
@@ -50,19 +51,55 @@ def test_the_folded_topology_keeps_the_outer_switch_and_every_rank_number():
         fold_topology(preset("torus-4x4"))
 
 
+def digits(x: int, radices: tuple[int, ...]) -> list[int]:
+    out = []
+    for n in radices:
+        x, d = divmod(x, n)
+        out.append(d)
+    return out
+
+
 @given(st.lists(st.integers(2, 5), min_size=1, max_size=3), st.data())
-def test_offsets_on_a_folded_axis_form_a_group(radices, data):
-    """Adding an offset permutes the positions, offsets compose, and each has an inverse, so
-    every rank's peer in a direction is some rank's, and a message's two ends agree."""
-    n = 1
-    for r in radices:
-        n *= r
+def test_offsets_on_a_folded_axis_translate_every_folded_dimension(radices, data):
+    """Adding an offset moves each folded coordinate by its own digit, with no carry (a
+    translation of the real dimensions, so every rank's peer lies in the same direction);
+    it permutes the positions, and fold_sub undoes it, so a message's two ends agree."""
     radices = tuple(radices)
-    a, b, p = (data.draw(st.integers(0, n - 1)) for _ in range(3))
+    n = math.prod(radices)
+    a, p = (data.draw(st.integers(0, n - 1)) for _ in range(2))
+    moved = fold_add(p, a, radices)
+    assert digits(moved, radices) == [(x + y) % r for x, y, r in zip(digits(p, radices), digits(a, radices), radices)]
     assert sorted(fold_add(q, a, radices) for q in range(n)) == list(range(n))
-    assert fold_add(fold_add(p, a, radices), b, radices) == fold_add(p, fold_add(a, b, radices), radices)
-    assert fold_add(p, 0, radices) == p
-    assert any(fold_add(fold_add(p, a, radices), c, radices) == p for c in range(n))
+    assert fold_sub(moved, p, radices) == a and fold_add(fold_sub(p, a, radices), a, radices) == p
+
+
+FOLDABLE = topologies(max_ranks=16).filter(lambda t: fold_depth(t) > 0)
+
+
+@settings(max_examples=examples(15), deadline=None)
+@given(FOLDABLE, st.integers(1, 4), st.integers(1, 3), st.booleans(), st.booleans(), st.sampled_from(["LL", "Simple"]))
+def test_folded_all_reduces_run_rank_0s_schedule_shifted_on_every_rank(topo, chunks, lanes, mix, oneshot, protocol):
+    """Folded all-reduce pipelines like the search's, mixed orders too, are the same on every
+    rank up to a translation of the real network, so rank 0 alone times them exactly."""
+    knobs = Knobs(chunks, mix=mix, ag_lane=True, lanes=lanes, ramp=1, oneshot=oneshot, fan=True, protocol=protocol,
+                  fold=True)
+    plan = build_plan(topo, "allreduce", 1 << 20, 1 << 20, knobs)
+    try:
+        program = lower(plan)
+    except PlanError:
+        return  # too large for the runtime
+    assert symmetric(program, topo), knobs
+    assert same_schedule(plan, probe_ranks(topo))
+    rank0 = simulate(lower(plan, ranks=[0]), topo, 1 << 20, quotient=True).time_us
+    assert rank0 == pytest.approx(simulate(program, topo, 1 << 20).time_us)
+
+
+def test_only_an_all_reduce_folds():
+    """Reduce-scatter and all-gather lay their cells out by owner rank, and a digit-wise
+    order breaks those runs differently on different ranks."""
+    for collective in ("reducescatter", "allgather"):
+        with pytest.raises(PlanError, match="only an all-reduce folds"):
+            build_plan(C6P, collective, 1 << 20, 1 << 20, Knobs(1, fold=True))
 
 
 def test_c6p_folds_its_ring_and_switch_into_one_hop_and_gains_at_64kib():

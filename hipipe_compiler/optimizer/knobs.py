@@ -19,7 +19,7 @@ from typing import Sequence
 from ..errors import PlanError
 from ..schedule.baselines import auto_layouts, bandwidth_order, default_algorithms, needs_both_directions
 from ..schedule.estimate import default_schedule, stage_cost
-from ..schedule.fold import fold_topology
+from ..schedule.fold import check_foldable, fold_topology
 from ..schedule.plan import RING_ALGORITHMS, ChunkPlan, Plan, chunk_stages
 from ..topology import Topology
 from .lp import StageCost, chunk_sizes, order_mix
@@ -206,8 +206,7 @@ def build_plan(topology: Topology, collective: str, min_bytes: int, max_bytes: i
     nominal = nominal_bytes or max_bytes
     radices: tuple[int, ...] = ()
     if knobs.fold:
-        if collective != "allreduce":  # its cells lie by owner rank, whose runs the digit-wise order breaks up
-            raise PlanError(f"only an all-reduce folds dimensions; {collective} lays its data out by rank")
+        check_foldable(collective)
         try:
             topology, radices = fold_topology(topology)
         except ValueError as e:

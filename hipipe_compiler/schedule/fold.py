@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from ..errors import PlanError
 from ..topology import Dimension, Topology
 
 #: The largest ring dimension 0 may be to fold: every other rank is a neighbour.
@@ -38,6 +39,14 @@ def fold_depth(topology: Topology) -> int:
     if topology.ndims < 2 or dims[1].kind != "switch":
         return 0
     return 2 if dims[0].kind == "switch" or dims[0].size <= FOLDABLE_RING else 0
+
+
+def check_foldable(collective: str) -> None:
+    """Raise PlanError unless `collective` may fold: an all-reduce lays its cells out by chunk,
+    the others by owner rank, whose runs the digit-wise order breaks up differently on
+    different ranks (so rank 0 would no longer stand for every rank)."""
+    if collective != "allreduce":
+        raise PlanError(f"only an all-reduce folds dimensions; {collective} lays its data out by rank")
 
 
 def fold_topology(topology: Topology) -> tuple[Topology, tuple[int, ...]]:

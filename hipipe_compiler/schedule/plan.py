@@ -25,6 +25,7 @@ from typing import Literal, Sequence
 from ..errors import InputError, PlanError
 from ..msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from ..topology import Topology
+from .fold import check_foldable
 
 Algorithm = Literal["ring", "bidir", "direct", "oneshot", "tree"]
 #: Algorithms inside one axis: a ring (n-1 steps), a ring run both ways at once (each block
@@ -172,8 +173,7 @@ def check_plan(plan: Plan) -> None:
         if alg == "tree" and not plan.flat and plan.axis_size(a) > 3 and plan.topology.dimensions[a].kind == "ring":
             raise PlanError(f"axis {a}: a tree needs a switch dimension; a ring only links neighbours")
     if plan.fold:
-        if plan.collective != "allreduce":
-            raise PlanError(f"only an all-reduce folds dimensions; {plan.collective} lays its data out by rank")
+        check_foldable(plan.collective)
         if plan.flat or math.prod(plan.fold) != plan.axis_size(0):
             raise PlanError(f"axis 0 folds dimensions of sizes {plan.fold}; it has {plan.axis_size(0)} ranks")
         if plan.algorithms[0] not in ("direct", "oneshot"):

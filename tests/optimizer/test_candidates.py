@@ -34,7 +34,9 @@ def test_every_candidate_fits_its_window_and_builds_a_valid_plan(topo, collectiv
     nominal = 1 << log_size
     offered = candidates(topo, collective, nominal)
     limit = chunk_limit(topo, nominal)
-    assert 1 <= limit <= MAX_CHUNKS
+    # the most chunks that each carry ~128 bytes per rank or more (one at least, MAX_CHUNKS at most)
+    assert limit == 1 or nominal // (limit * topo.nranks) >= 128
+    assert limit == MAX_CHUNKS or nominal // ((limit + 1) * topo.nranks) < 128
     assert all(1 <= k.chunks <= limit for k in offered)
     assert {k.protocol for k in offered} <= set(protocol_choices(topo))
     if collective != "allreduce":

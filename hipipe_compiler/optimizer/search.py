@@ -296,7 +296,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     allreduce = coll == "allreduce"
     def hopeless(plan: Plan, scores: Iterable[float]) -> bool:
         """Whether the plan's time floor already loses to the best of these scores."""
-        return time_floor_us(plan, nominal) / bound > min(scores, default=math.inf) * (1 + FLOOR_MARGIN)
+        return time_floor_us(plan, nominal, topo) / bound > min(scores, default=math.inf) * (1 + FLOOR_MARGIN)
 
     base_evals: list[Evaluation | None] = []
     for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal):
@@ -335,7 +335,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
         if (strict and not selectable(plan)) or not allowed(plan):
             return None
-        if not plan.fold and hopeless(plan, (e.score for e in evals)):  # a folded plan's floor is not the network's
+        if hopeless(plan, (e.score for e in evals)):
             skipped += 1
             return None
         ev = search.judge(plan, middle, knobs)

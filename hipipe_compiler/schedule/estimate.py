@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 
 from ..msccl.runtime import WIRE_EFFICIENCY
+from ..topology import Topology
 from .plan import RING_ALGORITHMS, Plan, Stage, ring_axis, stage_algorithm, stage_bytes
 from .trees import stage_tree, tree_depth
 
@@ -46,11 +47,15 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
     return 2 * one if stage.kind == "ar" else one
 
 
-def time_floor_us(plan: Plan, nbytes: float) -> float:
+def time_floor_us(plan: Plan, nbytes: float, network: Topology | None = None) -> float:
     """A time no run of `plan` at nbytes can beat: the larger of its busiest dimension's wire
     bytes per rank over that dimension's bandwidth, and its longest chain of message
     latencies (every byte of a chunk passes its stages one after another). The optimizer
     skips a candidate whose floor already loses to the best plan it has simulated.
+
+    A folded plan (plan.fold) runs on `network`, the topology before folding: its folded
+    axis's messages leave through any of the folded dimensions, so that axis is charged their
+    summed bandwidth and their smallest latency.
 
     >>> from hipipe_compiler.schedule.baselines import hierarchical_plan
     >>> from hipipe_compiler.topology import preset
@@ -63,6 +68,12 @@ def time_floor_us(plan: Plan, nbytes: float) -> float:
     alphas = ([min(d.alpha(plan.protocol) for d in topo.dimensions)] if plan.flat
               else [d.alpha(plan.protocol) for d in topo.dimensions])
     capacity = [sum(d.bandwidth for d in topo.dimensions)] if plan.flat else [d.bandwidth for d in topo.dimensions]
+    if plan.fold:
+        if network is None:
+            raise ValueError(f"plan {plan.name} folds dimensions: its time floor needs the network it runs on")
+        folded = network.dimensions[:len(plan.fold)]
+        alphas[0] = min(d.alpha(plan.protocol) for d in folded)
+        capacity[0] = sum(d.bandwidth for d in folded)
     wire = [0.0] * len(capacity)
     chain = 0.0
     for k in range(len(plan.chunks)):

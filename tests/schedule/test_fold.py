@@ -1,5 +1,6 @@
 """Folding inner dimensions into one switch axis: where it is legal, that offsets on the
-folded axis are translations of the network, and that an illegal fold is caught."""
+folded axis are translations of the network, that a folded plan's time floor holds on the
+network, and that an illegal fold is caught."""
 
 import math
 from dataclasses import replace

@@ -15,6 +15,7 @@ import heapq
 
 from ..msccl.runtime import WIRE_EFFICIENCY
 from ..topology import Topology
+from .fold import folded_limits
 from .plan import RING_ALGORITHMS, Plan, Stage, ring_axis, stage_algorithm, stage_bytes
 from .trees import stage_tree, tree_depth
 
@@ -71,9 +72,7 @@ def time_floor_us(plan: Plan, nbytes: float, network: Topology | None = None) ->
     if plan.fold:
         if network is None:
             raise ValueError(f"plan {plan.name} folds dimensions: its time floor needs the network it runs on")
-        folded = network.dimensions[:len(plan.fold)]
-        alphas[0] = min(d.alpha(plan.protocol) for d in folded)
-        capacity[0] = sum(d.bandwidth for d in folded)
+        alphas[0], capacity[0] = folded_limits(network, plan.fold, plan.protocol)
     wire = [0.0] * len(capacity)
     chain = 0.0
     for k in range(len(plan.chunks)):

@@ -64,6 +64,16 @@ def fold_topology(topology: Topology) -> tuple[Topology, tuple[int, ...]]:
         tuple(d.size for d in parts)
 
 
+def folded_limits(network: Topology, radices: tuple[int, ...], protocol: str) -> tuple[float, float]:
+    """The folded axis's smallest latency and summed bandwidth on the `network` it folds: a
+    message on the axis leaves through one of the folded dimensions, so no run beats these
+    (estimate.time_floor_us). Raises ValueError when the network's dimensions do not match."""
+    folded = network.dimensions[:len(radices)]
+    if tuple(d.size for d in folded) != radices:
+        raise ValueError(f"topology {network.label} does not fold into dimensions of sizes {radices}")
+    return min(d.alpha(protocol) for d in folded), sum(d.bandwidth for d in folded)
+
+
 def fold_add(position: int, offset: int, radices: tuple[int, ...]) -> int:
     """position + offset on a folded axis: digit by digit, each digit modulo its radix."""
     return _digitwise(position, offset, radices, 1)

@@ -121,6 +121,8 @@ def test_a_folded_axis_is_charged_the_bandwidth_of_every_folded_dimension():
     assert time_floor_us(plan, size, C6P) <= simulated < time_floor_us(replace(plan, fold=()), size)
     with pytest.raises(ValueError, match="needs the network it runs on"):
         time_floor_us(plan, size)
+    with pytest.raises(ValueError, match="does not fold into dimensions of sizes"):
+        time_floor_us(plan, size, preset("torus-4x4"))
 
 
 def test_only_an_all_reduce_folds():

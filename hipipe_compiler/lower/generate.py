@@ -7,11 +7,24 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import Iterable
 
 from ..msccl.runtime import Limits, piece_count
 from ..schedule.estimate import events
 from ..schedule.plan import Plan, Stage, ring_axis, stage_algorithm
 from .ops import TREE_ROLES, Axis, Op, Role
+
+
+def _runs(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Ranges (start, length) with adjacent ones joined, in the order their first range came."""
+    merged: list[list[int]] = []  # start, length, index of the first range
+    for i, (start, length) in sorted(enumerate(ranges), key=lambda ir: ir[1]):
+        if merged and merged[-1][0] + merged[-1][1] == start:
+            merged[-1][1] += length
+            merged[-1][2] = min(merged[-1][2], i)
+        else:
+            merged.append([start, length, i])
+    return tuple((a, b) for a, b, _first in sorted(merged, key=lambda m: m[2]))
 
 
 class _Cells:
@@ -151,8 +164,11 @@ class Generator:
         ranges = self.cells.block(k, depth, prefix, v, origin)
         size = (self.ring_pieces if ring else self.direct_pieces) if fused else self.limits.max_count
         order = self.plan.chunks[k].order
-        if (self.plan.collective != "allreduce" or self.plan.flat or depth + 1 >= len(order)
-                or sum(length for _start, length in ranges) <= size):
+        if sum(length for _start, length in ranges) <= size:
+            # one piece: its cells' runs, whatever order the owners come in, so that every
+            # rank sends as many messages (owners 3, 2 would otherwise be two ranges, 2, 3 one)
+            return self.pieces(_runs(ranges), fused, ring)
+        if self.plan.collective != "allreduce" or self.plan.flat or depth + 1 >= len(order):
             return self.pieces(ranges, fused, ring)
         n_next = self.axes[order[depth + 1]].size
         out: list[tuple[int, int]] = []
@@ -296,14 +312,8 @@ class Generator:
     def _owned_pieces(self, n: int, k: int, st: Stage, prefix: tuple[int, ...], origin: tuple[int, ...],
                       fused: bool, ring: bool) -> list[tuple[int, int]]:
         """The whole range a rank owns before the last axis's all-reduce, cut into pieces."""
-        ranges = sorted(r for v in range(n) for r in self.cells.block(k, st.depth, prefix, v, origin))
-        merged: list[list[int]] = []
-        for start, length in ranges:
-            if merged and merged[-1][0] + merged[-1][1] == start:
-                merged[-1][1] += length
-            else:
-                merged.append([start, length])
-        return self.pieces(tuple((a, b) for a, b in merged), fused, ring)
+        return self.pieces(_runs(sorted(r for v in range(n) for r in self.cells.block(k, st.depth, prefix, v, origin))),
+                           fused, ring)
 
     def _ring_oneshot(self, ops: list[Op], e: int, n: int, k: int, st: Stage, prefix: tuple[int, ...],
                       origin: tuple[int, ...], fused: bool, lane: int, direction: int) -> None:

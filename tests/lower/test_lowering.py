@@ -18,7 +18,7 @@ from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 from hipipe_compiler.schedule.baselines import tree_plan
 from hipipe_compiler.schedule.trees import nccl_tree, nccl_tree_fits
 from hipipe_compiler.sim import simulate
-from hipipe_compiler.topology import preset
+from hipipe_compiler.topology import Dimension, Topology, preset
 
 from conftest import COLLECTIVES, examples, topologies
 from strategies import WINDOWS, plans
@@ -34,12 +34,12 @@ def assert_within_limits(program, limits=Limits()):
         for tb in gpu.threadblocks:
             assert len(tb.steps) <= limits.max_steps
             assert 0 <= tb.chan < program.nchannels
-            for pos, st in enumerate(tb.steps):
-                assert st.s == pos
-                assert 0 <= st.depid <= limits.max_depid or st.depid == -1
-                if st.type != "nop":
-                    assert st.cnt >= 1 and st.cnt <= limits.max_count
-                    assert max(st.srcoff, st.dstoff) <= limits.max_offset
+            for pos, step in enumerate(tb.steps):
+                assert step.s == pos
+                assert 0 <= step.depid <= limits.max_depid or step.depid == -1
+                if step.type != "nop":
+                    assert step.cnt >= 1 and step.cnt <= limits.max_count
+                    assert max(step.srcoff, step.dstoff) <= limits.max_offset
 
 
 @given(topologies(max_ranks=64), st.sampled_from(COLLECTIVES), st.integers(1, 3),
@@ -75,9 +75,9 @@ def test_ring_programs_fuse_receives_with_sends():
     program = lower(ring_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
     types = Counter(st.type for _, _, st in program.steps())
     assert types["rrs"] and types["rrcs"] and types["rcs"]
-    for _, _, st in program.steps():
-        if st.type in ("rrc", "rrcs"):  # the local operand is the chunk being reduced
-            assert (st.srcbuf, st.srcoff) in (("i", st.dstoff), ("o", st.dstoff))
+    for _, _, step in program.steps():
+        if step.type in ("rrc", "rrcs"):  # the local operand is the chunk being reduced
+            assert (step.srcbuf, step.srcoff) in (("i", step.dstoff), ("o", step.dstoff))
 
 
 def test_direct_exchange_reduces_in_a_dependency_chain():
@@ -94,9 +94,9 @@ def test_fused_sends_fit_the_fifo_at_the_largest_size():
     assert max(st.cnt for _, _, st in small.steps()) > 1
     limit = piece_count("Simple", 1 << 30, large.nchunksperloop, ring=True)
     assert limit == 1
-    for _, tb, st in large.steps():
-        if st.type == "s" and tb.recv >= 0:  # a send-first step of a fused threadblock
-            assert st.cnt <= limit
+    for _, tb, step in large.steps():
+        if step.type == "s" and tb.recv >= 0:  # a send-first step of a fused threadblock
+            assert step.cnt <= limit
 
 
 def test_split_layout_separates_send_and_receive_threadblocks():
@@ -316,4 +316,20 @@ def test_hipipe_trees_verify_over_switch_dimensions(topo, chunks, protocol):
         program = lower(plan)
     except PlanError:
         return
+    assert verify(program).ok
+
+
+@pytest.mark.parametrize("coll", ["reducescatter", "allgather"])
+def test_a_block_of_adjacent_owners_is_one_message_on_every_rank(coll):
+    """Rank 1 meets the owners of a block on the faster dimension in the order 3, 2, rank 0
+    in the order 2, 3: their cells are one run either way, so every rank sends the block in
+    one step, as rank 0 does (the search times rank 0 alone when the ranks agree)."""
+    topo = Topology((Dimension(2, "ring", 12.5, 0.0, "d0"), Dimension(2, "ring", 25.0, 0.05, "d1")))
+    program = lower(hierarchical_plan(topo, coll, 1, max_bytes=1 << 16))
+    shapes = {gpu.id: sorted(Counter((st.type, st.cnt) for tb in gpu.threadblocks for st in tb.steps).items())
+              for gpu in program.gpus}
+    assert all(shape == shapes[0] for shape in shapes.values()), shapes
+    assert simulate(program, topo, 1 << 16).time_us == pytest.approx(
+        simulate(lower(hierarchical_plan(topo, coll, 1, max_bytes=1 << 16), ranks=[0]), topo, 1 << 16,
+                 quotient=True).time_us)
     assert verify(program).ok

@@ -117,7 +117,8 @@ def directory_headers(path: str | Path) -> list[tuple[str, Program]]:
     root = Path(path)
     if not root.is_dir():
         raise InputError(str(root), None, "expected a directory of MSCCL programs (as for MSCCL_ALGO_DIR)")
-    return [(f.name, read_header(f)) for f in sorted(root.iterdir()) if f.is_file()]
+    # MSCCL_ALGO_DIR is the executor's: a legacy file there makes communicator init fail
+    return [(f.name, read_header(f, "executor")) for f in sorted(root.iterdir()) if f.is_file()]
 
 
 def coverage(files: Sequence[tuple[str, Program]], counts: Sequence[int], dtype_bytes: int, world_size: int,

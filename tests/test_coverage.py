@@ -98,7 +98,7 @@ def test_hipipe_coverage_reports_served_calls_and_padding(tmp_path, directory):
     assert text.returncode == 0 and "served: 2 of 3 calls" in text.stdout and "65537" in text.stdout
 
 
-@pytest.mark.parametrize("case", ["empty", "mixed", "profile", "count"])
+@pytest.mark.parametrize("case", ["empty", "mixed", "legacy", "profile", "count"])
 def test_hipipe_coverage_bad_input_is_one_line_and_exit_2(case, tmp_path, directory):
     counts = tmp_path / "counts.txt"
     counts.write_text("1024\n")
@@ -114,6 +114,13 @@ def test_hipipe_coverage_bad_input_is_one_line_and_exit_2(case, tmp_path, direct
                 (target / f"x8-{f.name}").write_bytes(f.read_bytes().replace(b'ngpus="4"', b'ngpus="8"'))
                 (target / f.name).write_bytes(f.read_bytes())
         expected = "--world-size: its allreduce programs are for 4, 8 ranks"
+    elif case == "legacy":  # the executor, which reads MSCCL_ALGO_DIR, refuses a legacy file at init
+        target = tmp_path / "legacy"
+        target.mkdir()
+        for f in directory.iterdir():
+            if f.is_file():
+                (target / f.name).write_bytes(f.read_bytes().replace(b' outofplace="1"', b"").replace(b' outofplace="0"', b""))
+        expected = "algo.outofplace: missing; msccl-executor-nccl and RCCL require it"
     elif case == "profile":
         args, expected = ["--profile", "no-such-model"], "no-such-model"
     else:

@@ -18,6 +18,10 @@ COLLECTIVES: tuple[str, ...] = (
     "allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce",
     "send", "recv", "gather", "scatter", "alltoallv",
 )
+#: What the legacy microsoft/msccl runtime calls its collectives (msccl-runtime.md 3): reduce-scatter
+#: has another name there, so no one file serves both runtimes.
+LEGACY_COLLECTIVES: tuple[str, ...] = ("allreduce", "allgather", "reduce", "broadcast", "alltoall", "reduce_scatter", "custom")
+LEGACY_ONLY: tuple[str, ...] = tuple(c for c in LEGACY_COLLECTIVES if c not in COLLECTIVES)
 #: The collectives we plan and compile; the others can be read, verified structurally and simulated.
 PLANNED_COLLECTIVES: tuple[str, ...] = ("allreduce", "reducescatter", "allgather")
 PROTOCOLS: tuple[str, ...] = ("Simple", "LL", "LL128")

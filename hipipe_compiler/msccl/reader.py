@@ -20,7 +20,8 @@ from typing import Iterable, Literal
 from lxml import etree
 
 from ..errors import InputError
-from .program import BUFFERS, COLLECTIVES, PROTOCOLS, STEP_TYPES, Gpu, Program, Step, Threadblock
+from .program import (BUFFERS, COLLECTIVES, LEGACY_COLLECTIVES, LEGACY_ONLY, PROTOCOLS, STEP_TYPES, Gpu, Program, Step,
+                      Threadblock)
 
 
 #: Files larger than this are refused unread (a 1024-rank program is far smaller).
@@ -203,9 +204,13 @@ def _parse(data: bytes, label: str, dialect: str, header_only: bool = False) -> 
 
 
 def _program(reader: _Reader, a: dict[str, str], dialect: str, gpus: tuple[Gpu, ...]) -> Program:
-    coll_raw = reader.choice(a, "coll", "algo", (*COLLECTIVES, "reduce_scatter", "custom"))
+    names = {"executor": COLLECTIVES, "legacy": LEGACY_COLLECTIVES}.get(dialect, (*COLLECTIVES, *LEGACY_ONLY))
+    if dialect == "executor" and a.get("coll") in LEGACY_ONLY:
+        raise reader.fail("algo.coll", f"{a['coll']!r} is a name of the legacy microsoft/msccl runtime; the executor "
+                                       f"expects one of {', '.join(COLLECTIVES)} (a legacy file: --dialect legacy)")
+    coll_raw = reader.choice(a, "coll", "algo", names)
     # auto: the legacy runtime has its own reduce-scatter name and no outofplace attribute
-    is_legacy = dialect == "legacy" or (dialect == "auto" and (coll_raw == "reduce_scatter" or "outofplace" not in a))
+    is_legacy = dialect == "legacy" or (dialect == "auto" and (coll_raw in LEGACY_ONLY or "outofplace" not in a))
     collective = "reducescatter" if coll_raw == "reduce_scatter" else coll_raw
     for key in _ALGO_REQUIRED:
         if key not in a:
@@ -213,7 +218,8 @@ def _program(reader: _Reader, a: dict[str, str], dialect: str, gpus: tuple[Gpu, 
     if not is_legacy:
         for key in ("outofplace", "minBytes", "maxBytes"):
             if key not in a:
-                raise reader.fail(f"algo.{key}", "missing; the executor requires it")
+                raise reader.fail(f"algo.{key}", "missing; msccl-executor-nccl and RCCL require it (files for the "
+                                                 "legacy microsoft/msccl runtime lack it: --dialect legacy)")
     protocol = reader.choice(a, "proto", "algo", PROTOCOLS)
     ngpus = reader.integer(a, "ngpus", "algo")
     nchannels = reader.integer(a, "nchannels", "algo")
@@ -222,7 +228,12 @@ def _program(reader: _Reader, a: dict[str, str], dialect: str, gpus: tuple[Gpu, 
     if is_legacy:
         outofplace = not inplace
         min_bytes = reader.integer(a, "minBytes", "algo", 0)
-        max_bytes = max(reader.integer(a, "maxBytes", "algo", 128 << 20) - 1, 0)
+        legacy_max = reader.integer(a, "maxBytes", "algo", 128 << 20)
+        if legacy_max <= min_bytes:
+            # its range is [minBytes, maxBytes): empty, so the runtime never selects the file
+            raise reader.fail("algo.maxBytes", f"expected more than minBytes ({min_bytes}): the legacy runtime selects "
+                                               f"calls of minBytes up to maxBytes exclusive, so {legacy_max} selects none")
+        max_bytes = legacy_max - 1
     else:
         outofplace = reader.flag(a, "outofplace", "algo")
         min_bytes = reader.integer(a, "minBytes", "algo")

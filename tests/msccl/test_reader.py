@@ -91,3 +91,33 @@ def test_unknown_elements_are_skipped_like_the_runtime_does():
     text = _program_text().decode().replace("  <gpu id=\"1\"", '  <note a="1"><deep/></note>\n  <gpu id="1"', 1)
     program = read_program(text.encode())
     assert program == read_program(_program_text())
+
+
+def test_the_executor_dialect_refuses_legacy_files_naming_the_attribute():
+    """A file the executor would refuse at communicator init does not pass as its own: the
+    legacy runtime's collective names and a missing outofplace are named, with the way out."""
+    legacy = write_program(emitted(preset("dgx-h100-8x2"), "reducescatter"), "legacy").encode()
+    with pytest.raises(InputError, match="algo.coll: 'reduce_scatter' is a name of the legacy") as info:
+        read_program(legacy, dialect="executor")
+    assert "--dialect legacy" in str(info.value)
+    assert read_program(legacy, dialect="legacy").collective == "reducescatter"
+    no_outofplace = _program_text().replace(b' outofplace="1"', b"", 1)
+    assert b"outofplace" not in no_outofplace
+    with pytest.raises(InputError, match="algo.outofplace: missing; msccl-executor-nccl and RCCL require it"):
+        read_program(no_outofplace, dialect="executor")
+    custom = _program_text(coll="custom")
+    with pytest.raises(InputError, match="algo.coll"):
+        read_program(custom, dialect="executor")
+    assert read_program(custom, dialect="legacy").collective == "custom"
+
+
+@pytest.mark.parametrize("max_bytes", ["0", "4096"])
+def test_a_legacy_window_that_selects_nothing_is_refused(max_bytes):
+    """Legacy windows are half-open, [minBytes, maxBytes): maxBytes 0, or not above minBytes,
+    selects no call (it must not read as the executor's 0 = unbounded)."""
+    text = write_program(emitted(preset("dgx-h100-8x2")), "legacy").encode()
+    text = re.sub(rb'minBytes="\d+" maxBytes="\d+"', f'minBytes="4096" maxBytes="{max_bytes}"'.encode(), text)
+    with pytest.raises(InputError, match="algo.maxBytes: expected more than minBytes"):
+        read_program(text, dialect="legacy")
+    assert read_program(text.replace(f'maxBytes="{max_bytes}"'.encode(), b'maxBytes="4097"'),
+                        dialect="legacy").max_bytes == 4096

@@ -25,6 +25,7 @@ from .msccl.lexical import lexical_issues
 from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from .msccl.reader import read_program
 from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, LEGACY_MAX_ALGORITHMS, RUNTIMES, Limits
+from .msccl.selection import size_refusal
 from .msccl.verify import Report, VerifyOptions, Violation, verify
 from .msccl.writer import DIALECTS
 from .sim import SimulationError, simulate
@@ -39,6 +40,7 @@ from .windows import window_label
 RUNTIME_HELP = ("the runtime that will load the files, whose limits they must respect: "
                 + "; ".join(f"{r.name} ({r.what}: at most {r.max_threadblocks} threadblocks, {r.max_channels} channels)"
                             for r in RUNTIMES.values()) + "; default executor")
+DIALECT_HELP = "XML dialect: executor (msccl-executor-nccl, RCCL; default) or legacy (microsoft/msccl)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -127,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"counts are often multiples of 256 and of nothing larger (default: {BUCKET_NCHUNKSPERLOOP} on "
                    f"topologies whose coarsest plan needs at most {BUCKET_NCHUNKSPERLOOP // BUCKET_ROOM}, else none; "
                    "0: none)")
-    p.add_argument("--dialect", default="executor", choices=DIALECTS, help="XML dialect: executor (msccl-executor-nccl, RCCL) or legacy (microsoft/msccl)")
+    p.add_argument("--dialect", default="executor", choices=DIALECTS, help=DIALECT_HELP)
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
                    help=f"threadblock budget per rank (default {DEFAULT_THREADBLOCK_BUDGET}, the A100's SM count; "
@@ -144,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeline", help="also draw the timeline (rows per dimension, bars coloured by chunk) to this .png or .svg file")
     p.add_argument("--rank", type=_int("--rank", 0), nargs="+", default=[0], help="timeline: draw the messages these ranks send (default 0)")
     p.add_argument("--per-rank", action="store_true", help="timeline: one set of rows per rank of --rank")
+    p.add_argument("--dialect", default="executor", choices=DIALECTS, help=DIALECT_HELP)
 
     p = sub.add_parser("bench", help="every algorithm on every topology and size of a grid, side by side")
     p.add_argument("--grid", default=None, help="grid file (default: benchmarks/grid.yaml of the checkout, configs C1 C3 C5 C6, and C1p C6p with per-protocol latencies)")
@@ -187,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), help="threadblocks allowed per rank (default: what the runtime accepts)")
     p.add_argument("--size", type=_size("--size"), help="call size for the FIFO model (default: the file's maxBytes)")
     p.add_argument("--rendezvous", action="store_true", help="conservative mode: every send waits for its receive")
+    p.add_argument("--dialect", default="executor", choices=DIALECTS, help=DIALECT_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return parser
 
@@ -375,7 +379,7 @@ def _report_violations(label: str, report: Report, limit: int = 50) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     path = Path(args.file)
-    program = read_program(path)
+    program = read_program(path, args.dialect)
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -402,7 +406,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    program = read_program(args.file)
+    program = read_program(args.file, args.dialect)
     topo = load_topology(args.topo)
     if program.ngpus != topo.nranks:
         raise InputError(args.file, "algo.ngpus", f"the program is for {program.ngpus} ranks but {topo.label} has {topo.nranks}")
@@ -417,10 +421,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.timeline:
         from .sim.timeline import render_timeline
         render_timeline(result, program, topo, args.timeline, args.rank, args.per_rank)
+    # timed all the same: what the program would take is still worth knowing
+    refused = size_refusal(program, args.size)
+    notes = [f"the runtime would not run this program for a call of {format_size(args.size)} (float32): {refused}"] if refused else []
     if args.json:
         _print_json({"file": args.file, "topology": topo.label, **result.to_dict(),
-                     **({"timeline": args.timeline} if args.timeline else {})})
+                     **({"timeline": args.timeline} if args.timeline else {}), "notes": notes})
         return 0
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
     u = result.utilisation
     print(f"{args.file}: {program.collective} of {format_size(args.size)} on {topo.label} ({topo.nranks} ranks), "
           f"{result.iterations} iteration(s)")

@@ -231,6 +231,34 @@ def test_verify_accepts_the_real_files():
         assert done.returncode == 0, done.stdout
 
 
+def test_verify_and_simulate_read_the_dialect_the_runtime_loads(tmp_path):
+    """A legacy microsoft/msccl file does not pass for the executor, which refuses it at
+    communicator init: one line says why and how to read it as legacy."""
+    legacy = tmp_path / "legacy.xml"
+    made = run_hipipe("compile", "dgx-h100-8x2", "--algo", "hierarchical", "--coll", "reducescatter", "--size", "1MiB",
+                      "-o", legacy, "--dialect", "legacy", "--quiet")
+    assert made.returncode == 0, made.stderr
+    for command in (("verify", legacy), ("simulate", legacy, "--topo", "dgx-h100-8x2", "--size", "1MiB")):
+        refused = run_hipipe(*command)
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert refused.stderr.count("\n") == 1 and "legacy.xml: algo.coll:" in refused.stderr
+        assert "--dialect legacy" in refused.stderr
+        assert run_hipipe(*command, "--dialect", "legacy").returncode == 0
+
+
+def test_simulate_says_when_the_runtime_would_not_run_the_program_for_the_size(tmp_path):
+    out = tmp_path / "a.xml"
+    run_hipipe("compile", "dgx-h100-8x2", "--algo", "hierarchical", "--size", "1MiB", "-o", out, "--quiet")
+    inside = run_hipipe("simulate", out, "--topo", "dgx-h100-8x2", "--size", "1MiB")
+    assert inside.returncode == 0 and inside.stderr == ""
+    outside = run_hipipe("simulate", out, "--topo", "dgx-h100-8x2", "--size", "2MiB")
+    assert outside.returncode == 0 and "time" in outside.stdout  # timed all the same
+    assert outside.stderr == ("note: the runtime would not run this program for a call of 2MiB (float32): "
+                              "2097152 bytes are outside the window 1048576..1048576\n")
+    ragged = json.loads(run_hipipe("simulate", out, "--topo", "dgx-h100-8x2", "--size", "1000001", "--json").stdout)
+    assert ragged["notes"] and "not a whole number of 4-byte elements" in ragged["notes"][0]
+
+
 def test_every_sample_compiles_and_verifies(tmp_path):
     for sample in sorted(SAMPLES.iterdir()):
         if load_topology(sample).nranks > 256:

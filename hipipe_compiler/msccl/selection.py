@@ -60,6 +60,20 @@ def refusal(program: Program, collective: str, nranks: int, count: int, dtype_by
     return None
 
 
+def size_refusal(program: Program, nbytes: int, dtype_bytes: int = 4) -> str | None:
+    """Why the runtime would not run `program` for a call of nbytes (nccl-tests' size), in
+    place if the file allows that, or None when it would.
+
+    >>> header = Program("ar", "allreduce", "Simple", 1, 64, 32, True, True, 1 << 20, (4 << 20) - 1, ())
+    >>> size_refusal(header, 1 << 20) is None, size_refusal(header, 1000)
+    (True, '1000 bytes are outside the window 1048576..4194303')
+    """
+    per_count = dtype_bytes * size_multiplier(program.collective, program.ngpus)
+    if nbytes % per_count:
+        return f"{nbytes} bytes are not a whole number of {per_count}-byte elements ({dtype_bytes}-byte elements per rank)"
+    return refusal(program, program.collective, program.ngpus, nbytes // per_count, dtype_bytes, inplace=program.inplace)
+
+
 def serving(programs: Sequence[Program], collective: str, nranks: int, count: int, dtype_bytes: int,
             inplace: bool = True) -> list[int]:
     """Indices of the programs the runtime could pick for this call (more than one makes the

@@ -288,7 +288,8 @@ def _deadlock_report(ex: Execution, stuck: list[tuple[int, int]], out: Collector
         parts = [f"rank {r} tb {t} {why[(r, t)]}" for r, t in cycle]
         r0, t0 = cycle[0]
         st = ex.tbs[(r0, t0)]
-        out.add("deadlock.cycle", "with bounded connection FIFOs these steps wait for each other in a cycle: "
+        model = "when every send waits for its receive" if ex.capacity == 0 else "with bounded connection FIFOs"
+        out.add("deadlock.cycle", f"{model} these steps wait for each other in a cycle: "
                 + " -> ".join(parts) + " -> back to the first", r0, t0, st.reals[st.index])
         return
     key = min(stuck)

@@ -40,32 +40,104 @@ def load_json_schema(name: str) -> dict[str, Any]:
         return json.load(fh)
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML that means what JSON means: dates stay text, a repeated key is an error, and
+    tags that build other types (!!binary, !!set, !!timestamp, ...) are refused."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def refuse_tag(self, node: yaml.Node) -> None:
+        raise yaml.constructor.ConstructorError(None, None, f"tag !!{node.tag.rsplit(':', 1)[-1]} is not supported",
+                                                node.start_mark)
+
+
+# a date is text here, as in JSON; only the types JSON has are built
+_Loader.yaml_implicit_resolvers = {first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+                                   for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+for _tag in ("timestamp", "binary", "set", "omap", "pairs"):
+    _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _Loader.refuse_tag)
+
+
+def _json_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice")
+        out[key] = value
+    return out
+
+
+#: Values a document may hold once its YAML aliases are expanded (a "billion laughs" file
+#: is small but expands to billions, which every later pass would walk).
+MAX_VALUES = 1_000_000
+
+
+def _check_plain(value: Any, field: str = "", active: tuple[int, ...] = (), sizes: dict[int, int] | None = None) -> int:
+    """Refuse what no schema can name: a mapping key that is not text, an alias that contains
+    itself (YAML `&x [*x]`), or more than MAX_VALUES values once aliases are expanded.
+    Returns the expanded count; a shared alias is walked once."""
+    sizes = {} if sizes is None else sizes
+    if not isinstance(value, (dict, list)):
+        return 1
+    if id(value) in active:
+        raise ValueError(f"{field or '(top level)'} contains itself (a YAML alias refers to its own anchor)")
+    if id(value) not in sizes:
+        active = (*active, id(value))
+        total = 1
+        for key, item in (value.items() if isinstance(value, dict) else enumerate(value)):
+            if isinstance(value, dict) and not isinstance(key, str):
+                raise ValueError(f"{field or '(top level)'}: expected text keys, got {key!r}")
+            total += _check_plain(item, f"{field}[{key}]" if isinstance(key, int) else (f"{field}.{key}" if field else key),
+                                  active, sizes)
+            if total > MAX_VALUES:
+                raise ValueError(f"{field or '(top level)'} expands to more than {MAX_VALUES:,} values (YAML aliases)")
+        sizes[id(value)] = total
+    return sizes[id(value)]
+
+
 def load_document(path: str | Path) -> Any:
     """Parse a YAML or JSON file (JSON is chosen by the .json suffix, YAML otherwise)."""
     path = Path(path)
     source = str(path)
     try:
-        if path.stat().st_size > MAX_DOCUMENT_BYTES:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_DOCUMENT_BYTES + 1)  # a device such as /dev/zero has no size to check first
+        if len(raw) > MAX_DOCUMENT_BYTES:
             raise InputError(source, None, f"file is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
-        text = path.read_text(encoding="utf-8")
+        text = raw.decode("utf-8")
     except InputError:
         raise
     except UnicodeDecodeError:
         raise InputError(source, None, "expected UTF-8 text") from None
     except OSError as exc:
         raise InputError(source, None, f"cannot read file: {exc.strerror or exc}") from None
-    if path.suffix.lower() == ".json":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(source, None, f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
     try:
-        return yaml.safe_load(text)
+        if kind == "JSON":
+            data = json.loads(text, object_pairs_hook=_json_pairs)
+        else:
+            data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        _check_plain(data)
+        return data
+    except json.JSONDecodeError as exc:
+        raise InputError(source, None, f"malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "could not be parsed"
         raise InputError(source, None, f"malformed YAML{where}: {problem}") from None
+    except RecursionError:
+        raise InputError(source, None, f"malformed {kind}: nested too deeply") from None
+    except ValueError as exc:  # a repeated key, a self-containing alias, a number of thousands of digits
+        raise InputError(source, None, f"malformed {kind}: {str(exc).split(';')[0]}") from None
 
 
 def _field_name(path: Any) -> str:
@@ -145,7 +217,9 @@ def validate_document(data: Any, schema_name: str, source: str | None) -> None:
 
     error = min(errors, key=key)
     while error.context:
-        error = min(error.context, key=key)
+        # a oneOf/anyOf: a branch of the wrong type did not apply; the error of the one that did says more
+        applied = [e for e in error.context if not (e.validator == "type" and not e.relative_path)]
+        error = min(applied or error.context, key=key)
     field = _field_name(error.absolute_path)
     if error.validator == "required" and "'" in error.message:
         missing = error.message.split("'")[1]

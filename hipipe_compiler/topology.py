@@ -55,7 +55,7 @@ class Latencies:
             raise InputError(None, "latency", f"expected exactly LL, LL128 and Simple; {what}")
         for key in PROTOCOLS:
             if not _nonnegative(values[key]):
-                raise InputError(None, f"latency.{key}", f"expected a number >= 0 (microseconds), got {values[key]!r}")
+                raise InputError(None, f"latency.{key}", f"expected a number from 0 to {MAX_LATENCY:g} (microseconds), got {values[key]!r}")
         return cls(**{key: values[key] for key in PROTOCOLS})
 
     def alpha(self, protocol: str) -> float:
@@ -85,11 +85,12 @@ class Dimension:
         if self.kind not in KINDS:
             raise InputError(None, "kind", f"expected one of ring, switch, got {self.kind!r}")
         if not _positive(self.bandwidth):
-            raise InputError(None, "bandwidth", f"expected a number > 0 (GB/s), got {self.bandwidth!r}")
+            raise InputError(None, "bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} (GB/s), "
+                             f"got {self.bandwidth!r}")
         if isinstance(self.latency, Mapping):
             object.__setattr__(self, "latency", Latencies.of(self.latency))
         elif not isinstance(self.latency, Latencies) and not _nonnegative(self.latency):
-            raise InputError(None, "latency", f"expected a number >= 0 (microseconds), or one per protocol "
+            raise InputError(None, "latency", f"expected a number from 0 to {MAX_LATENCY:g} (microseconds), or one per protocol "
                              f"(LL, LL128, Simple), got {self.latency!r}")
 
     def alpha(self, protocol: str) -> float:
@@ -120,12 +121,19 @@ class Dimension:
         return self.size // 2 if self.kind == "ring" else 1
 
 
+#: The physical range of a link, in GB/s (1 MB/s to 1 PB/s) and microseconds (up to a second):
+#: numbers far outside it are typing mistakes, and would leave the LPs no numerical room.
+MIN_BANDWIDTH, MAX_BANDWIDTH, MAX_LATENCY = 1e-3, 1e6, 1e6
+
+
 def _positive(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    """A bandwidth: a number in [MIN_BANDWIDTH, MAX_BANDWIDTH] GB/s."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and MIN_BANDWIDTH <= x <= MAX_BANDWIDTH
 
 
 def _nonnegative(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+    """A latency: a number in [0, MAX_LATENCY] microseconds."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= MAX_LATENCY
 
 
 @dataclass(frozen=True)
@@ -147,7 +155,8 @@ class Topology:
             n *= dim.size
         object.__setattr__(self, "_strides", tuple(strides))
         if self.reduce_bandwidth is not None and not _positive(self.reduce_bandwidth):
-            raise InputError(None, "reduce_bandwidth", f"expected a number > 0 (GB/s), got {self.reduce_bandwidth!r}")
+            raise InputError(None, "reduce_bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} (GB/s), "
+                             f"got {self.reduce_bandwidth!r}")
 
     # -- shape ---------------------------------------------------------------------------
 

@@ -99,16 +99,31 @@ def chunk_sizes(stages: Sequence[Sequence[StageCost]], sequence: dict[object, li
     `stages[k]` lists chunk k's stages; `sequence[r]` the (chunk, stage) order on resource r.
     Returns the sizes and the LP's makespan.
     """
+    solved = _chunk_lp(stages, sequence, total, min_size, 1.0, 1.0)
+    if solved is None:
+        # GLOP's tolerances fail on extreme links (1 MB/s, a GiB: times of 1e9 us); in units
+        # of the whole buffer and of the longest stage the coefficients stay near 1. Only then:
+        # the LP has many optima, and a rescaled one may pick another
+        scale = max((max(st.a, st.b * total) for row in stages for st in row), default=1.0) or 1.0
+        solved = _chunk_lp(stages, sequence, total, min_size, scale, total or 1.0)
+    if solved is None:  # pragma: no cover - always feasible
+        raise RuntimeError("the chunk-size LP has no optimum")
+    return solved
+
+
+def _chunk_lp(stages: Sequence[Sequence[StageCost]], sequence: dict[object, list[tuple[int, int]]], total: float,
+              min_size: float, scale: float, unit: float) -> tuple[list[float], float] | None:
+    """chunk_sizes' LP with times in units of `scale` us and sizes in units of `unit` bytes."""
     solver = _solver()
     nk = len(stages)
-    x = [solver.NumVar(min_size, solver.infinity(), f"x{k}") for k in range(nk)]
+    x = [solver.NumVar(min_size / unit, solver.infinity(), f"x{k}") for k in range(nk)]
     start = [[solver.NumVar(0.0, solver.infinity(), f"s{k}_{j}") for j in range(len(stages[k]))] for k in range(nk)]
     makespan = solver.NumVar(0.0, solver.infinity(), "C")
-    solver.Add(sum(x) == total)
+    solver.Add(sum(x) == total / unit)
 
     def end(k: int, j: int):
         st = stages[k][j]
-        return start[k][j] + st.a + st.b * x[k]
+        return start[k][j] + st.a / scale + st.b * unit / scale * x[k]
 
     for k in range(nk):
         for j in range(len(stages[k]) - 1):
@@ -118,9 +133,9 @@ def chunk_sizes(stages: Sequence[Sequence[StageCost]], sequence: dict[object, li
         for (k, j), (k2, j2) in zip(ops, ops[1:]):
             solver.Add(start[k2][j2] >= end(k, j))
     solver.Minimize(makespan)
-    if solver.Solve() != pywraplp.Solver.OPTIMAL:  # pragma: no cover - always feasible
-        raise RuntimeError("the chunk-size LP has no optimum")
-    return [v.solution_value() for v in x], makespan.solution_value()
+    if solver.Solve() != pywraplp.Solver.OPTIMAL:
+        return None
+    return [v.solution_value() * unit for v in x], makespan.solution_value() * scale
 
 
 def geometric_sizes(b1: float, b2: float, k: int, total: float = 1.0) -> list[float]:

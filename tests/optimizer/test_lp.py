@@ -7,8 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.bounds import bandwidth_bound_us
+from hipipe_compiler.optimizer import Knobs, build_plan, lp
 from hipipe_compiler.optimizer.lp import StageCost, chunk_sizes, dimension_loads, geometric_sizes, order_mix
-from hipipe_compiler.topology import preset
+from hipipe_compiler.topology import Dimension, Topology, preset
 
 from conftest import topologies
 
@@ -80,3 +81,16 @@ def test_mixing_is_never_worse_than_the_best_single_order(topo):
     single = min(max(dimension_loads(topo, "allreduce", o)) for o in itertools.permutations(range(topo.ndims)))
     assert mix.time_per_byte <= single * (1 + 1e-9)
     assert mix.time_per_byte * (1 << 30) >= bandwidth_bound_us(topo, "allreduce", 1 << 30)[0] * (1 - 1e-9)
+
+
+def test_the_chunk_lp_solves_on_the_slowest_links_a_topology_may_have(monkeypatch):
+    """1 MB/s and a GiB: stage times of 1e9 us, on which GLOP's tolerances fail unscaled (the
+    rescaled LP takes over only then, so every other plan keeps its sizes)."""
+    topo = Topology((Dimension(4, "switch", 0.001, 0.0), Dimension(2, "ring", 0.001, 0.0)))
+    knobs = Knobs(chunks=24, mix=True, lp_sizes=True, granularity=4)
+    unscaled = []
+    solve = lp._chunk_lp
+    monkeypatch.setattr(lp, "_chunk_lp", lambda *args: unscaled.append(args[4] == 1.0 and solve(*args) is None) or solve(*args))
+    plan = build_plan(topo, "allreduce", 1 << 30, 1 << 30, knobs, 1 << 30)
+    assert any(unscaled)  # the case this test is about: GLOP fails unscaled here
+    assert sum(c.units for c in plan.chunks) == plan.units and min(c.units for c in plan.chunks) >= 1

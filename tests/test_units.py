@@ -45,3 +45,14 @@ def parse_size_from_float(text):
     number = float("".join(c for c in text if c.isdigit() or c == "."))
     unit = "".join(c for c in text if c.isalpha())
     return number * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[unit]
+
+
+def test_sizes_are_exact_and_bounded_where_a_maximum_applies():
+    assert parse_size("9007199254740993") == 9007199254740993  # no float rounding
+    assert parse_size("2TiB") == 2 << 40  # the parser alone has no maximum
+    with pytest.raises(InputError, match="at most 1TiB"):
+        parse_size("2TiB", "--size", maximum=1 << 40)
+    with pytest.raises(InputError, match="at most 30 digits"):
+        parse_size("1" * 400, "--size")
+    with pytest.raises(InputError, match="at most 1TiB"):
+        parse_size_range("1KiB:99999999999TiB", "--sizes", maximum=1 << 40)

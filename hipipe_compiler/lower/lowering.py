@@ -26,9 +26,10 @@ from typing import Any, Sequence
 from ..collector import paused
 from ..errors import PlanError
 from ..msccl.program import Program
-from ..msccl.runtime import Limits, piece_count
+from ..msccl.runtime import MAX_ITERATIONS, SLICE_BYTES, Limits, iterations, piece_count
 from ..schedule.estimate import events
 from ..schedule.plan import Plan, check_plan, largest_blocks
+from ..units import format_size
 from .dependencies import raw_dependencies
 from .emission import Layout, check_nodes, check_threadblocks, emit, footprint, schedule_signature
 from .generate import Generator
@@ -90,6 +91,12 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
         raise PlanError(
             f"the plan needs {plan.nchunksperloop} chunks per loop ({plan.units} per rank x {plan.topology.nranks} ranks); "
             f"chunk offsets are stored as int16 by the runtime, so at most {limits.max_offset + 1}; use fewer or smaller chunks")
+    loops = iterations(plan.protocol, plan.max_bytes, plan.nchunksperloop)
+    if loops > MAX_ITERATIONS:
+        raise PlanError(f"a call of {format_size(plan.max_bytes)} needs {loops} iterations of the program "
+                        f"({format_size(plan.max_bytes / plan.nchunksperloop)} chunks, {plan.protocol} slices of "
+                        f"{format_size(SLICE_BYTES[plan.protocol])}); the runtime runs at most {MAX_ITERATIONS}: "
+                        "use more chunks, or a smaller size")
     gen = Generator(plan, limits)
     chosen = list(range(plan.topology.nranks)) if ranks is None else list(ranks)
     per_rank_ops = [gen.generate(r) for r in chosen]

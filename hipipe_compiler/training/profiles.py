@@ -25,6 +25,7 @@ import numpy as np
 
 from ..documents import load_document, validate_document
 from ..errors import InputError
+from ..units import MAX_BYTES, format_size
 
 #: Models of ../shared/data/layer-profiles.json, selectable by name.
 BUILTIN_PROFILES: tuple[str, ...] = ("vgg16", "resnet50", "densenet201", "bert_base", "gpt2")
@@ -163,6 +164,10 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 # -- reading ------------------------------------------------------------------------------
 
 
+#: The longest a layer's forward or backward may take: a day, in ms (beyond it, a typing mistake).
+MAX_LAYER_MS = 86_400_000.0
+
+
 def profile_from_document(doc: Any, source: str | None = None, name: str | None = None) -> LayerProfile:
     """A LayerProfile from a parsed layer-profile document, times exactly as written.
 
@@ -178,8 +183,8 @@ def profile_from_document(doc: Any, source: str | None = None, name: str | None 
             raise InputError(source, f"{where}.name", f"expected a unique layer name, {raw['name']!r} is also layers[{seen[raw['name']]}]")
         seen[raw["name"]] = i
         for key in ("fwd_ms", "bwd_ms"):
-            if not math.isfinite(raw[key]):
-                raise InputError(source, f"{where}.{key}", f"expected a finite number >= 0, got {raw[key]!r}")
+            if not (math.isfinite(raw[key]) and raw[key] <= MAX_LAYER_MS):
+                raise InputError(source, f"{where}.{key}", f"expected a number from 0 to {MAX_LAYER_MS:g} ms, got {raw[key]!r}")
         tensors = tuple((str(t[0]), int(t[1])) for t in raw.get("tensors", ()))
         if tensors and sum(n for _, n in tensors) != raw["params"]:
             total = sum(n for _, n in tensors)
@@ -197,6 +202,9 @@ def profile_from_document(doc: Any, source: str | None = None, name: str | None 
         seq_len=doc.get("seq_len"), fwd_source=time_source.get("fwd", "given"), bwd_source=time_source.get("bwd", "given"),
         source=source or "")
     _check_totals(profile, doc.get("totals") or {}, source)
+    if profile.params * profile.dtype_bytes > MAX_BYTES:  # every bucket's call must be one the runtime can make
+        raise InputError(source, "layers", f"expected at most {format_size(MAX_BYTES)} of gradients (more than any GPU "
+                                           f"holds), got {format_size(profile.params * profile.dtype_bytes)}")
     return profile
 
 

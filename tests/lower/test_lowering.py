@@ -333,3 +333,12 @@ def test_a_block_of_adjacent_owners_is_one_message_on_every_rank(coll):
         simulate(lower(hierarchical_plan(topo, coll, 1, max_bytes=1 << 16), ranks=[0]), topo, 1 << 16,
                  quotient=True).time_us)
     assert verify(program).ok
+
+
+def test_a_plan_the_runtime_would_replay_too_often_is_refused_with_the_count():
+    """MSCCL_MAX_ITER: 2 TiB in 16 chunks is 65,536 Simple slices of 2 MiB per chunk, one too many."""
+    topo = preset("torus-4x4")
+    ok = lower(ring_plan(topo, "allreduce", max_bytes=1 << 40))  # 16 chunks of 64 GiB: 32,768 slices
+    assert ok.nchunksperloop == 16
+    with pytest.raises(PlanError, match="needs 65536 iterations of the program .* runs at most 65535"):
+        lower(ring_plan(topo, "allreduce", max_bytes=2 << 40))

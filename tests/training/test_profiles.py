@@ -200,7 +200,9 @@ def test_derive_is_identity_without_synthetic_times():
     (lambda d: d["layers"][0].update(bwd_sm=1.0), "layers[0]", "unknown field 'bwd_sm'"),
     (lambda d: d.update(totals={"params": 139}), "totals.params", "sum over layers (138)"),
     (lambda d: d.update(totals={"bwd_ms": 9.0}), "totals.bwd_ms", "sum over layers"),
-    (lambda d: d["layers"][0].update(bwd_ms=float("nan")), "layers[0].bwd_ms", "finite"),
+    (lambda d: d["layers"][0].update(bwd_ms=float("nan")), "layers[0].bwd_ms", "from 0 to 8.64e+07 ms"),
+    (lambda d: d["layers"][0].update(fwd_ms=1e308), "layers[0].fwd_ms", "from 0 to 8.64e+07 ms"),
+    (lambda d: d["layers"][1].update(params=10**18, tensors=[]), "layers", "at most 1TiB of gradients"),
 ])
 def test_bad_profiles_name_file_and_field(tmp_path, mutate, field, words):
     doc = tiny_doc()

@@ -12,7 +12,6 @@ True
 from __future__ import annotations
 
 import io
-import os
 import re
 from pathlib import Path
 from typing import Iterable, Literal
@@ -29,6 +28,11 @@ MAX_XML_BYTES = 512 << 20
 
 
 _INT = re.compile(r"-?(0|[1-9][0-9]*)\Z")
+#: Chunks a file may count (nchunksperloop, a buffer's chunks): step offsets are 16-bit, so
+#: the runtime reaches chunks 0..32767 only; far more is a hostile file, which would make the
+#: verifier's model of the buffers take gigabytes.
+MAX_CHUNKS = 1 << 20
+_TOO_MANY_CHUNKS = "expected at most 1048576 chunks (step offsets reach 32767), got {}"
 _ALGO_REQUIRED = ("proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
 
 
@@ -85,11 +89,10 @@ def read_program(source: str | Path | bytes, dialect: Literal["auto", "executor"
     else:
         label = name or str(source)
         try:
-            size = os.stat(source).st_size
-            if size > MAX_XML_BYTES:
-                raise InputError(label, None, f"file is larger than {MAX_XML_BYTES >> 20} MiB")
             with open(source, "rb") as fh:
-                data = fh.read()
+                data = fh.read(MAX_XML_BYTES + 1)  # a device such as /dev/zero has no size to check first
+            if len(data) > MAX_XML_BYTES:
+                raise InputError(label, None, f"file is larger than {MAX_XML_BYTES >> 20} MiB")
         except OSError as exc:
             raise InputError(label, None, f"cannot read file: {exc.strerror or exc}") from None
     return _parse(data, label, dialect)
@@ -148,6 +151,9 @@ def _parse(data: bytes, label: str, dialect: str, header_only: bool = False) -> 
                     ga = elem.attrib
                     gpu_attrs = (reader.integer(ga, "id", w), reader.integer(ga, "i_chunks", w),
                                  reader.integer(ga, "o_chunks", w), reader.integer(ga, "s_chunks", w))
+                    for key, value in zip(("i_chunks", "o_chunks", "s_chunks"), gpu_attrs[1:]):
+                        if value > MAX_CHUNKS:
+                            raise reader.fail(f"{w}.{key}", _TOO_MANY_CHUNKS.format(value))
                     tbs = []
                 elif depth == 3 and tag == "tb":
                     ti += 1
@@ -196,7 +202,7 @@ def _parse(data: bytes, label: str, dialect: str, header_only: bool = False) -> 
                 depth -= 1
     except etree.XMLSyntaxError as exc:
         line = f" at line {exc.lineno}" if getattr(exc, "lineno", None) else ""
-        msg = str(getattr(exc, "msg", exc)).split(", line")[0]
+        msg = " ".join(str(getattr(exc, "msg", exc)).split(", line")[0].split())  # libxml2 ends some with a newline
         raise reader.fail("", f"malformed XML{line}: {msg}") from None
     if algo is None:
         raise reader.fail("", "no <algo> element")
@@ -242,6 +248,8 @@ def _program(reader: _Reader, a: dict[str, str], dialect: str, gpus: tuple[Gpu, 
         raise reader.fail("algo.ngpus", f"expected 1 to 65536 ranks, got {ngpus}")
     if nchunks < 1:
         raise reader.fail("algo.nchunksperloop", f"expected an integer >= 1, got {nchunks}")
+    if nchunks > MAX_CHUNKS:
+        raise reader.fail("algo.nchunksperloop", _TOO_MANY_CHUNKS.format(nchunks))
     if nchannels < 1:
         raise reader.fail("algo.nchannels", f"expected an integer >= 1, got {nchannels}")
     if min_bytes < 0:

@@ -121,3 +121,21 @@ def test_a_legacy_window_that_selects_nothing_is_refused(max_bytes):
         read_program(text, dialect="legacy")
     assert read_program(text.replace(f'maxBytes="{max_bytes}"'.encode(), b'maxBytes="4097"'),
                         dialect="legacy").max_bytes == 4096
+
+
+@pytest.mark.parametrize("key,value", [("nchunksperloop", 1 << 40), ("s_chunks", 1 << 62), ("i_chunks", 10_000_000)])
+def test_chunk_counts_no_runtime_could_address_are_refused_before_any_memory_is_taken(key, value):
+    """Offsets are 16-bit: millions of chunks are a hostile file, which would make the
+    verifier's model of the buffers take gigabytes (or overflow)."""
+    with pytest.raises(InputError, match=f"{key}: expected at most 1048576 chunks"):
+        read_program(_program_text(**{key: value}))
+
+
+def test_a_device_is_read_no_further_than_the_size_limit_and_libxml_messages_are_one_line(tmp_path):
+    with pytest.raises(InputError, match="/dev/zero: file is larger than"):
+        read_program("/dev/zero")
+    nul = tmp_path / "nul.xml"
+    nul.write_bytes(_program_text().replace(b'<gpu id="1"', b'\x00<gpu id="1"', 1))
+    with pytest.raises(InputError, match="malformed XML at line") as info:
+        read_program(nul)
+    assert "\n" not in str(info.value)

@@ -27,7 +27,7 @@ from .schedule import Plan, hierarchical_plan, ring_plan, themis_plan
 from .schedule.baselines import nccl_plan
 from .sim import SimulationError, simulate_exact
 from .topology import Topology, load_topology, topology_from_document
-from .units import format_size, parse_size
+from .units import MAX_BYTES, format_size, parse_size
 
 PlanFor = Callable[[Topology, str, int, str], Plan]
 
@@ -134,15 +134,19 @@ def load_grid(path: str | Path) -> Grid:
             topos[name] = load_topology(candidate if candidate.is_file() else spec)
         else:
             topos[name] = topology_from_document({"name": name, **spec}, f"{source}: topologies.{name}")
-    sizes = tuple(parse_size(s, "sizes", source) for s in doc["sizes"])
+    sizes = tuple(parse_size(s, "sizes", source, MAX_BYTES) for s in doc["sizes"])
+    if min(sizes) < 1:
+        raise InputError(source, "sizes", f"expected sizes of at least 1 byte, got {min(sizes)}")
     algos = tuple(doc.get("algorithms", BASELINES))
+    check_algorithms(algos, BASELINES, source, "algorithms")
     return Grid(topos, sizes, doc.get("collective", "allreduce"), algos, doc.get("protocol", "Simple"))
 
 
-def check_algorithms(names: Sequence[str], known: dict[str, Any]) -> None:
+def check_algorithms(names: Sequence[str], known: dict[str, Any], source: str | None = None,
+                     field: str = "--algos") -> None:
     for name in names:
         if name not in known and name not in OPTIMIZED:
-            raise InputError(None, "--algos", f"unknown algorithm {name!r}; expected some of {', '.join([*known, *OPTIMIZED])}")
+            raise InputError(source, field, f"unknown algorithm {name!r}; expected some of {', '.join([*known, *OPTIMIZED])}")
 
 
 def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | None = None,

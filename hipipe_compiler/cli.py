@@ -26,14 +26,14 @@ from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from .msccl.reader import read_program
 from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, LEGACY_MAX_ALGORITHMS, RUNTIMES, Limits
 from .msccl.selection import size_refusal
-from .msccl.verify import Report, VerifyOptions, Violation, verify
+from .msccl.verify import Report, VerifyOptions, Violation, structural_violations, verify
 from .msccl.writer import DIALECTS
 from .sim import SimulationError, simulate
 from .topology import PRESETS, load_topology
 from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
-from .units import format_size, parse_size, parse_size_range
+from .units import MAX_BYTES, format_size, parse_size, parse_size_range
 from .windows import window_label
 
 
@@ -78,7 +78,7 @@ def _positive(name: str):
 def _size(name: str):
     def parse(text: str) -> int:
         try:
-            value = parse_size(text, name)
+            value = parse_size(text, name, maximum=MAX_BYTES)
         except InputError as exc:
             raise argparse.ArgumentTypeError(exc.message) from None
         if value < 1:
@@ -89,7 +89,7 @@ def _size(name: str):
 
 def _size_range(text: str) -> tuple[int, int]:
     try:
-        lo, hi = parse_size_range(text, "--sizes")
+        lo, hi = parse_size_range(text, "--sizes", maximum=MAX_BYTES)
     except InputError as exc:
         raise argparse.ArgumentTypeError(exc.message) from None
     if lo < 1:
@@ -212,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # a path the file system refuses (a name too long, a loop of links): bad input
+        where = f"{str(exc.filename)[:200]}: " if exc.filename else ""
+        print(f"hipipe: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 
@@ -410,6 +414,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     topo = load_topology(args.topo)
     if program.ngpus != topo.nranks:
         raise InputError(args.file, "algo.ngpus", f"the program is for {program.ngpus} ranks but {topo.label} has {topo.nranks}")
+    broken = structural_violations(program)
+    if broken:  # a time for a program that cannot run would mean nothing
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        raise InputError(args.file, None, f"cannot be simulated: {broken[0]}{more}; hipipe verify names every broken rule")
     if args.timeline:
         from .sim.timeline import check_picture_path
         check_picture_path(args.timeline)
@@ -434,7 +442,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(f"{args.file}: {program.collective} of {format_size(args.size)} on {topo.label} ({topo.nranks} ranks), "
           f"{result.iterations} iteration(s)")
     print(f"  time {result.time_us:,.2f} us   algbw {result.algbw_GBps:,.2f} GB/s   busbw {result.busbw_GBps:,.2f} GB/s")
-    if result.lower_bound_us is not None:
+    if result.lower_bound_us is not None and u is not None:
         print(f"  physical limit T_LB {result.lower_bound_us:,.2f} us   utilisation T_LB/T {u:.3f}")
     rows = [(d.name, format_size(d.bytes_per_rank), f"{d.busy_fraction:.3f}") for d in result.dims]
     print(tabulate(rows, headers=("dimension", "bytes sent per rank", "busy fraction")))
@@ -456,9 +464,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from dataclasses import replace as dc_replace
 
     from .bench import BASELINES, Grid, check_algorithms, load_grid, plot, run_grid, table, to_csv, to_json
-    for target in (args.plot, args.csv, args.json):
+    for option, target in (("--plot", args.plot), ("--csv", args.csv), ("--json", args.json)):
         if target:
-            check_output_path(target, directory=False)
+            check_output_path(target, directory=False, option=option)
+    if args.plot:  # before hours of benchmarking, not after
+        from .sim.timeline import check_picture_path
+        check_picture_path(args.plot)
     if args.grid:
         grid = load_grid(args.grid)
     elif args.topo:

@@ -326,6 +326,9 @@ def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifes
         prefixes = {f"{cw.program.collective}-{cw.program.ngpus}r-" for cw in windows}
         replaces = lambda name: any(name.startswith(p) for p in prefixes)  # noqa: E731
     manifest = {**manifest, "files": [name for name, _ in texts]}
+    for target in (*(path / name for name in names), path / MANIFEST_DIR / "manifest.json"):
+        if target.exists() and not target.is_file():  # found before any file is written, not half-way
+            raise InputError(str(target), None, "expected to write a file here, but a directory or device is there")
     written = []
     with writing(path):
         path.mkdir(parents=False, exist_ok=True)

@@ -16,6 +16,7 @@ padding each call to the smallest count some file serves would cost.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +29,8 @@ from .training.buckets import backward_bounds
 from .training.profiles import LayerProfile
 
 MIB = 1 << 20
+#: An element count: up to 18 ASCII digits (int64, as the API's count).
+_COUNT = re.compile(r"[0-9]{1,18}")
 #: PyTorch DDP's bucket caps: its first bucket closes at 1 MiB, the others at 25 MiB.
 DDP_BUCKET_CAP = 25 * MIB
 DDP_FIRST_BUCKET_CAP = 1 * MIB
@@ -188,7 +191,7 @@ def read_counts(path: str | Path) -> list[int]:
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
-        if not text.isdigit() or int(text) < 1:
+        if not _COUNT.fullmatch(text) or int(text) < 1:  # ASCII digits: str.isdigit takes "²" too
             raise InputError(source, f"line {number}", f"expected a whole number of elements >= 1, got {text[:40]!r}")
         counts.append(int(text))
     if not counts:

@@ -16,7 +16,8 @@ def write_atomic(path: str | Path, data: str | bytes) -> None:
     """Write a file so that readers see either the old file or the whole new one."""
     path = Path(path)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    # a short name of its own: the target's name may already be as long as names can be
+    fd, tmp = tempfile.mkstemp(prefix=".hipipe-", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(payload)
@@ -37,6 +38,16 @@ def check_output_path(path: str | Path, directory: bool, option: str = "-o") -> 
     if not str(path).strip():
         raise InputError(None, option, "expected a file or directory name, got an empty one")
     path = Path(path)
+    try:
+        return _check_output_path(path, directory, option)
+    except OSError as exc:  # a name too long for the file system, a loop of links, ...
+        raise InputError(str(path), None, f"cannot write here: {exc.strerror or exc}") from None
+
+
+def _check_output_path(path: Path, directory: bool, option: str) -> Path:
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        # writing atomically replaces the name: a device such as /dev/null would become a file
+        raise InputError(str(path), None, f"{option} expects a regular file or directory, but a device, pipe or socket is there")
     parent = path if directory and path.exists() else path.parent
     if directory:
         if path.exists() and not path.is_dir():

@@ -1,6 +1,7 @@
 """End to end: the `hipipe` command run the way a user runs it."""
 
 import json
+import re
 
 import pytest
 
@@ -257,6 +258,33 @@ def test_simulate_says_when_the_runtime_would_not_run_the_program_for_the_size(t
                               "2097152 bytes are outside the window 1048576..1048576\n")
     ragged = json.loads(run_hipipe("simulate", out, "--topo", "dgx-h100-8x2", "--size", "1000001", "--json").stdout)
     assert ragged["notes"] and "not a whole number of 4-byte elements" in ragged["notes"][0]
+
+
+def test_simulate_refuses_a_program_that_cannot_run(tmp_path):
+    """A time for a program with no <gpu>, or a step of cnt 0, would mean nothing: one line
+    names the first broken rule and points at verify."""
+    good = tmp_path / "a.xml"
+    run_hipipe("compile", "dgx-h100-8x2", "--algo", "hierarchical", "--size", "1MiB", "-o", good, "--quiet")
+    text = good.read_text()
+    cases = {"cnt0.xml": re.sub(r' cnt="\d+"', ' cnt="0"', text, count=1), "nogpu.xml": text[:text.index("  <gpu")] + "</algo>\n"}
+    for name, broken in cases.items():
+        (tmp_path / name).write_text(broken)
+        done = run_hipipe("simulate", tmp_path / name, "--topo", "dgx-h100-8x2", "--size", "1MiB")
+        assert done.returncode == 2 and done.stdout == "", (name, done.stderr)
+        assert done.stderr.count("\n") == 1 and f"{name}: cannot be simulated:" in done.stderr
+        assert "hipipe verify names every broken rule" in done.stderr
+
+
+def test_impossible_sizes_and_paths_are_one_line_and_exit_2(tmp_path):
+    for command in (("compile", "torus-4x4", "--size", "99999999999TiB", "-o", tmp_path / "a.xml"),
+                    ("compile", "torus-4x4", "--sizes", "1KiB:2TiB", "-o", tmp_path / "d"),
+                    ("topo", tmp_path / ("a" * 300 + ".yaml")),
+                    ("compile", "torus-4x4", "--algo", "ring", "--size", "1MiB", "-o", "/dev/null"),
+                    ("bench", "--topo", "torus-4x4", "--sizes", "1KiB", "--algos", "ring", "--csv", tmp_path / "b.csv",
+                     "--plot", tmp_path / "b.txt")):
+        done = run_hipipe(*command)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, command
+    assert not any(tmp_path.iterdir())  # the bench's --plot is checked before its CSV is written
 
 
 def test_every_sample_compiles_and_verifies(tmp_path):

@@ -13,7 +13,7 @@ from hipipe_compiler.compiler import (
     write_directory,
 )
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.files import check_output_path
+from hipipe_compiler.files import check_output_path, write_atomic
 from hipipe_compiler.msccl import read_program
 from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.topology import preset
@@ -80,6 +80,31 @@ def test_directory_holds_only_xml_and_the_manifest_sits_in_a_hidden_subdirectory
     assert [read_program(p).min_bytes for p in files] == [w.window.min_bytes for w in windows]
     manifest = json.loads((out / MANIFEST_DIR / "manifest.json").read_text())
     assert manifest["files"] == [p.name for p in files]
+
+
+def test_output_checks_refuse_devices_and_names_too_long(tmp_path):
+    """Writing atomically replaces the name: /dev/null would become a regular file."""
+    with pytest.raises(InputError, match="a device, pipe or socket is there"):
+        check_output_path("/dev/null", directory=False)
+    with pytest.raises(InputError, match="cannot write here"):
+        check_output_path(tmp_path / ("a" * 300 + ".xml"), directory=False)
+    longest = tmp_path / ("b" * 251 + ".xml")  # 255 characters, as long as names go
+    write_atomic(longest, "x")  # its temporary file takes a short name of its own
+    assert longest.read_text() == "x"
+
+
+def test_a_directory_whose_file_is_blocked_is_left_as_it_was(tmp_path):
+    windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(algorithm="hierarchical"), 1 << 10, 1 << 30)
+    out = tmp_path / "algos"
+    write_directory(windows, out, {"tool": "test"})
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    blocked = sorted(before)[-1]
+    (out / blocked).unlink()
+    (out / blocked).mkdir()
+    with pytest.raises(InputError, match=f"{blocked}: expected to write a file here"):
+        write_directory(windows, out, {"tool": "again"})
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == {n: b for n, b in before.items() if n != blocked}
+    assert json.loads((out / MANIFEST_DIR / "manifest.json").read_text())["tool"] == "test"
 
 
 def test_bad_options_name_the_option():

@@ -83,6 +83,10 @@ def test_read_counts_names_the_bad_line(tmp_path):
     bad.write_text("1024\n12.5\n")
     with pytest.raises(InputError, match=r"line 2: expected a whole number of elements >= 1, got '12.5'"):
         read_counts(bad)
+    for text in ("1024\n2²\n", "1024\n" + "9" * 5000 + "\n"):  # digits that are not ASCII, or too many
+        bad.write_text(text)
+        with pytest.raises(InputError, match="line 2: expected a whole number of elements >= 1"):
+            read_counts(bad)
 
 
 def test_hipipe_coverage_reports_served_calls_and_padding(tmp_path, directory):

@@ -3,6 +3,6 @@ each broken rule. `verify` is the entry point; the checks live one per module.""
 
 from .execution import fifo_model
 from .report import Report, StepRef, VerifyOptions, Violation
-from .verifier import verify
+from .verifier import structural_violations, verify
 
-__all__ = ["Report", "StepRef", "VerifyOptions", "Violation", "fifo_model", "verify"]
+__all__ = ["Report", "StepRef", "VerifyOptions", "Violation", "fifo_model", "structural_violations", "verify"]

@@ -27,7 +27,7 @@ from ...collector import paused
 from ..program import Program
 from .execution import execute, step_table
 from .races import check_races
-from .report import Collector, Report, VerifyOptions
+from .report import Collector, Report, VerifyOptions, Violation
 from .semantics import SEMANTIC_COLLECTIVES, check_input_untouched, check_results, symbolic_execution
 from .structure import check_connections, check_structure
 
@@ -36,6 +36,15 @@ def verify(program: Program, options: VerifyOptions = VerifyOptions()) -> Report
     """Check every rule; a Report with `ok` True is a proof for the modelled runtime."""
     with paused():  # the run builds a state per threadblock and step: collections would walk them all
         return _verify(program, options)
+
+
+def structural_violations(program: Program, options: VerifyOptions = VerifyOptions()) -> tuple[Violation, ...]:
+    """The structural rules alone (structure and connections, steps 1-2): what a program must
+    keep for the simulator to run it at all."""
+    out = Collector(options.max_violations)
+    check_structure(program, options, out)
+    check_connections(program, out)
+    return tuple(out.items)
 
 
 def _verify(program: Program, options: VerifyOptions) -> Report:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from tabulate import tabulate
 
 from . import __version__
+from .arguments import Parser, integer_option, positive_option, size_option, size_range_option
 from .compiler import (
     ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_ROOM, BUCKET_WINDOW, DTYPES, CompileOptions, Stopwatch, VerificationFailed,
     check_divisible, check_fits_one_file, compile_range, window_summary, write_directory, write_file,
@@ -33,7 +34,7 @@ from .topology import PRESETS, load_topology
 from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
-from .units import MAX_BYTES, format_size, parse_size, parse_size_range
+from .units import format_size
 from .windows import window_label
 
 
@@ -43,65 +44,11 @@ RUNTIME_HELP = ("the runtime that will load the files, whose limits they must re
 DIALECT_HELP = "XML dialect: executor (msccl-executor-nccl, RCCL; default) or legacy (microsoft/msccl)"
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _int(name: str, low: int, high: int | None = None):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bound = f"from {low} to {high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"expected an integer {bound}, got {value}")
-        return value
-    return parse
-
-
-def _positive(name: str):
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (value > 0 and value != float("inf")):
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-        return value
-    return parse
-
-
-def _size(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = parse_size(text, name, maximum=MAX_BYTES)
-        except InputError as exc:
-            raise argparse.ArgumentTypeError(exc.message) from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"expected at least 1 byte, got {text!r}")
-        return value
-    return parse
-
-
-def _size_range(text: str) -> tuple[int, int]:
-    try:
-        lo, hi = parse_size_range(text, "--sizes", maximum=MAX_BYTES)
-    except InputError as exc:
-        raise argparse.ArgumentTypeError(exc.message) from None
-    if lo < 1:
-        raise argparse.ArgumentTypeError("expected MIN >= 1 byte")
-    return lo, hi
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="hipipe", description="Pipelined hierarchical collectives for multi-dimensional GPU networks, "
+    parser = Parser(prog="hipipe", description="Pipelined hierarchical collectives for multi-dimensional GPU networks, "
                      "compiled to verified MSCCL XML.")
     parser.add_argument("--version", action="version", version=f"hipipe-compiler {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("topo", help="show and check a topology file or preset")
     p.add_argument("topology", nargs="?", help=f"a YAML/JSON topology file or a preset ({', '.join(PRESETS)})")
@@ -112,18 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("topology", help="a YAML/JSON topology file or a preset")
     p.add_argument("--coll", default="allreduce", choices=PLANNED_COLLECTIVES, help="collective (default allreduce)")
     size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--size", type=_size("--size"), help="one call size, e.g. 256MiB: writes one file")
-    size.add_argument("--sizes", type=_size_range, help="a range MIN:MAX, e.g. 1KiB:4GiB: writes one file per size window into a directory")
+    size.add_argument("--size", type=size_option("--size"), help="one call size, e.g. 256MiB: writes one file")
+    size.add_argument("--sizes", type=size_range_option, help="a range MIN:MAX, e.g. 1KiB:4GiB: writes one file per size window into a directory")
     p.add_argument("--algo", default="hipipe", choices=ALGORITHMS,
                    help="hipipe (default: the optimizer, judged by the simulator), or a baseline: hierarchical, ring")
-    p.add_argument("--chunks", type=_int("--chunks", 1, 4096), help="baselines: pipeline chunks per loop iteration (default 1)")
+    p.add_argument("--chunks", type=integer_option("--chunks", 1, 4096), help="baselines: pipeline chunks per loop iteration (default 1)")
     p.add_argument("--proto", choices=PROTOCOLS, help="baselines: MSCCL protocol (default Simple)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type of the calls (default float32)")
-    p.add_argument("--max-nchunksperloop", type=_int("--max-nchunksperloop", 1),
+    p.add_argument("--max-nchunksperloop", type=integer_option("--max-nchunksperloop", 1),
                    help="cap the chunks per loop: the runtime runs a program only for element counts that are a multiple "
                    "of it, so a lower cap serves more calls unpadded, at some speed (default: none; among plans within "
                    "1%% of the fastest, the search already takes the finest)")
-    p.add_argument("--max-bucket-nchunksperloop", type=_int("--max-bucket-nchunksperloop", 0),
+    p.add_argument("--max-bucket-nchunksperloop", type=integer_option("--max-bucket-nchunksperloop", 0),
                    help=f"hipipe: cap the element multiple (nchunksperloop, for an all-reduce) of the size windows below "
                    f"{format_size(BUCKET_WINDOW)}, where training frameworks' gradient buckets land: their element "
                    f"counts are often multiples of 256 and of nothing larger (default: {BUCKET_NCHUNKSPERLOOP} on "
@@ -131,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "0: none)")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help=DIALECT_HELP)
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
-    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
+    p.add_argument("--max-tbs", type=integer_option("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
                    help=f"threadblock budget per rank (default {DEFAULT_THREADBLOCK_BUDGET}, the A100's SM count; "
                    "never more than the runtime accepts)")
     p.add_argument("-o", "--output", required=True, help="output file (--size) or directory (--sizes)")
@@ -141,16 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("simulate", help="time an MSCCL XML program on a topology (cost-model.md)")
     p.add_argument("file", help="an MSCCL XML algorithm file")
     p.add_argument("--topo", required=True, help="a YAML/JSON topology file or a preset")
-    p.add_argument("--size", required=True, type=_size("--size"), help="call size in bytes (nccl-tests convention), e.g. 1GiB")
+    p.add_argument("--size", required=True, type=size_option("--size"), help="call size in bytes (nccl-tests convention), e.g. 1GiB")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", help="also draw the timeline (rows per dimension, bars coloured by chunk) to this .png or .svg file")
-    p.add_argument("--rank", type=_int("--rank", 0), nargs="+", default=[0], help="timeline: draw the messages these ranks send (default 0)")
+    p.add_argument("--rank", type=integer_option("--rank", 0), nargs="+", default=[0], help="timeline: draw the messages these ranks send (default 0)")
     p.add_argument("--per-rank", action="store_true", help="timeline: one set of rows per rank of --rank")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help=DIALECT_HELP)
 
     p = sub.add_parser("bench", help="every algorithm on every topology and size of a grid, side by side")
     p.add_argument("--grid", default=None, help="grid file (default: benchmarks/grid.yaml of the checkout, configs C1 C3 C5 C6, and C1p C6p with per-protocol latencies)")
-    p.add_argument("--sizes", nargs="+", type=_size("--sizes"), help="override the grid's sizes, e.g. 1MiB 64MiB 1GiB")
+    p.add_argument("--sizes", nargs="+", type=size_option("--sizes"), help="override the grid's sizes, e.g. 1MiB 64MiB 1GiB")
     p.add_argument("--algos", nargs="+", help="override the grid's algorithms")
     p.add_argument("--topo", nargs="+", help="benchmark these topologies (files or presets) instead of the grid's")
     p.add_argument("--plot", help="write busbw against size, one panel per topology, to this PNG/SVG file")
@@ -165,8 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topo", required=True, help="a YAML/JSON topology file or a preset")
     p.add_argument("--policy", default="hipipe", choices=POLICIES, help="the policy whose plan is written (default hipipe, ours); the table compares all")
     p.add_argument("--algo", default="hipipe", choices=ALGORITHMS, help="algorithm of the compiled collectives (default hipipe)")
-    p.add_argument("--batch-size", type=_int("--batch-size", 1), help=f"per-GPU batch for times derived from MACs (default {A100_AMP.batch_size})")
-    p.add_argument("--tflops", type=_positive("--tflops"), help=f"effective device TFLOP/s for derived times (default {A100_AMP.tflops:g}, an A100 with AMP)")
+    p.add_argument("--batch-size", type=integer_option("--batch-size", 1), help=f"per-GPU batch for times derived from MACs (default {A100_AMP.batch_size})")
+    p.add_argument("--tflops", type=positive_option("--tflops"), help=f"effective device TFLOP/s for derived times (default {A100_AMP.tflops:g}, an A100 with AMP)")
     p.add_argument("--derive-all", action="store_true", help="derive every time from MACs, also the measured ones")
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("-o", "--output", help="write DIR/plan.json and DIR/msccl-algorithms/ (for MSCCL_ALGO_DIR)")
@@ -178,17 +125,17 @@ def build_parser() -> argparse.ArgumentParser:
     calls.add_argument("--profile", help="a built-in model or a layer-profile file: its PyTorch DDP gradient buckets")
     calls.add_argument("--counts", help="a file of element counts, one all-reduce per line")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="element type (default float32)")
-    p.add_argument("--bucket-cap-mb", type=_positive("--bucket-cap-mb"), default=25.0, help="DDP's bucket_cap_mb (default 25)")
-    p.add_argument("--first-bucket-mb", type=_positive("--first-bucket-mb"), default=1.0, help="DDP's first bucket cap (default 1)")
-    p.add_argument("--world-size", type=_int("--world-size", 1), help="the ranks of the job, when the directory has programs for several")
+    p.add_argument("--bucket-cap-mb", type=positive_option("--bucket-cap-mb"), default=25.0, help="DDP's bucket_cap_mb (default 25)")
+    p.add_argument("--first-bucket-mb", type=positive_option("--first-bucket-mb"), default=1.0, help="DDP's first bucket cap (default 1)")
+    p.add_argument("--world-size", type=integer_option("--world-size", 1), help="the ranks of the job, when the directory has programs for several")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
     p.add_argument("file", help="an MSCCL XML algorithm file")
-    p.add_argument("--max-steps", type=_int("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
+    p.add_argument("--max-steps", type=integer_option("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
-    p.add_argument("--max-tbs", type=_int("--max-tbs", 1, 1024), help="threadblocks allowed per rank (default: what the runtime accepts)")
-    p.add_argument("--size", type=_size("--size"), help="call size for the FIFO model (default: the file's maxBytes)")
+    p.add_argument("--max-tbs", type=integer_option("--max-tbs", 1, 1024), help="threadblocks allowed per rank (default: what the runtime accepts)")
+    p.add_argument("--size", type=size_option("--size"), help="call size for the FIFO model (default: the file's maxBytes)")
     p.add_argument("--rendezvous", action="store_true", help="conservative mode: every send waits for its receive")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help=DIALECT_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -54,7 +54,7 @@ class Latencies:
             what = f"missing {', '.join(missing)}" if missing else f"unknown {', '.join(map(repr, extra))}"
             raise InputError(None, "latency", f"expected exactly LL, LL128 and Simple; {what}")
         for key in PROTOCOLS:
-            if not _nonnegative(values[key]):
+            if not _latency(values[key]):
                 raise InputError(None, f"latency.{key}", f"expected a number from 0 to {MAX_LATENCY:g} (microseconds), got {values[key]!r}")
         return cls(**{key: values[key] for key in PROTOCOLS})
 
@@ -84,12 +84,12 @@ class Dimension:
             raise InputError(None, "size", f"expected an integer >= 2, got {self.size!r}")
         if self.kind not in KINDS:
             raise InputError(None, "kind", f"expected one of ring, switch, got {self.kind!r}")
-        if not _positive(self.bandwidth):
+        if not _bandwidth(self.bandwidth):
             raise InputError(None, "bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} (GB/s), "
                              f"got {self.bandwidth!r}")
         if isinstance(self.latency, Mapping):
             object.__setattr__(self, "latency", Latencies.of(self.latency))
-        elif not isinstance(self.latency, Latencies) and not _nonnegative(self.latency):
+        elif not isinstance(self.latency, Latencies) and not _latency(self.latency):
             raise InputError(None, "latency", f"expected a number from 0 to {MAX_LATENCY:g} (microseconds), or one per protocol "
                              f"(LL, LL128, Simple), got {self.latency!r}")
 
@@ -126,12 +126,12 @@ class Dimension:
 MIN_BANDWIDTH, MAX_BANDWIDTH, MAX_LATENCY = 1e-3, 1e6, 1e6
 
 
-def _positive(x: Any) -> bool:
+def _bandwidth(x: Any) -> bool:
     """A bandwidth: a number in [MIN_BANDWIDTH, MAX_BANDWIDTH] GB/s."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and MIN_BANDWIDTH <= x <= MAX_BANDWIDTH
 
 
-def _nonnegative(x: Any) -> bool:
+def _latency(x: Any) -> bool:
     """A latency: a number in [0, MAX_LATENCY] microseconds."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= MAX_LATENCY
 
@@ -154,7 +154,7 @@ class Topology:
             strides.append(n)
             n *= dim.size
         object.__setattr__(self, "_strides", tuple(strides))
-        if self.reduce_bandwidth is not None and not _positive(self.reduce_bandwidth):
+        if self.reduce_bandwidth is not None and not _bandwidth(self.reduce_bandwidth):
             raise InputError(None, "reduce_bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} (GB/s), "
                              f"got {self.reduce_bandwidth!r}")
 

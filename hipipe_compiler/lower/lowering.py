@@ -39,13 +39,15 @@ from .segments import segment_cuts
 def lowering_key(plan: Plan) -> tuple[Any, ...]:
     """Plans with equal keys lower to the same program apart from the window.
 
-    The window enters only through the piece limits, and those cut nothing at or above the
-    largest block: windows whose limits are all that large share the key (and the program)."""
+    The window enters only through the piece limits, which cut nothing at or above the largest
+    block, and through whether the runtime replays the program often enough for its largest
+    call: windows that agree on those share the key (and the program, or the refusal)."""
     n = plan.nchunksperloop
     cap = max(largest_blocks(plan.topology, plan.flat, plan.chunks, plan.algorithms))
     return (replace(plan, min_bytes=0, max_bytes=0, nominal_bytes=0, schedule=events(plan)),
             min(cap, piece_count(plan.protocol, plan.max_bytes, n, True)),
-            min(cap, piece_count(plan.protocol, plan.max_bytes, n, False)))
+            min(cap, piece_count(plan.protocol, plan.max_bytes, n, False)),
+            iterations(plan.protocol, plan.max_bytes, n) <= MAX_ITERATIONS)
 
 
 def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = None) -> Program:

@@ -21,7 +21,7 @@ from ..collector import settling
 from ..errors import PlanError
 from ..lower import lower, lowering_key, same_schedule
 from ..msccl.program import PROTOCOLS, Program
-from ..msccl.runtime import MAX_ITERATIONS, Limits, iterations
+from ..msccl.runtime import Limits
 from ..msccl.selection import count_multiple
 from ..schedule.baselines import default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
@@ -136,8 +136,6 @@ class Search:
     def judge(self, plan: Plan, sizes: Sequence[int], knobs: Knobs | None = None) -> Evaluation | None:
         """Simulate `plan` at each size (rank 0 alone when that is exact); None when the plan
         does not fit the runtime or is not the same on every rank."""
-        if any(iterations(plan.protocol, size, plan.nchunksperloop) > MAX_ITERATIONS for size in sizes):
-            return None  # the runtime would not replay it that often (and simulating it would take long)
         key = lowering_key(plan)
         if key not in self.programs:
             self.programs[key] = self._lowered(plan, baseline=knobs is None)

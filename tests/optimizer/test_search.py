@@ -17,7 +17,7 @@ from hipipe_compiler.msccl.verify import verify
 from hipipe_compiler.optimizer import Knobs, Search, build_plan, optimize_window
 from hipipe_compiler.optimizer.knobs import SPREAD_STRIDE
 from hipipe_compiler.optimizer.lp import order_mix
-from hipipe_compiler.schedule import check_plan
+from hipipe_compiler.schedule import check_plan, ring_plan
 from hipipe_compiler.schedule.fold import fold_depth
 from hipipe_compiler.schedule.plan import plan_shape
 from hipipe_compiler.sim import SimulationError, simulate, simulate_exact
@@ -333,3 +333,13 @@ def test_the_cap_trades_speed_for_calls_served():
     capped = optimize_window(Search(topo, "allreduce", max_nchunksperloop=256), lo, hi)
     assert 7_087_872 % capped.plan.nchunksperloop == 0 < 7_087_872 % free.plan.nchunksperloop
     assert sum(capped.times_us) > sum(free.times_us)
+
+
+def test_a_window_the_runtime_would_replay_too_often_is_refused_after_a_smaller_one_lowered():
+    """The lowering cache shares programs across windows: the replay limit (MSCCL_MAX_ITER) is
+    part of its key, so a program lowered for 1 MiB is not reused for 2 TiB (65,536 slices)."""
+    topo = preset("torus-4x4")
+    search = Search(topo, "allreduce")
+    small = ring_plan(topo, "allreduce", 1, "Simple", 1 << 20, 1 << 20, 1 << 20)
+    assert search.judge(small, (1 << 20,)) is not None
+    assert search.judge(small.with_window(2 << 40, 2 << 40), (2 << 40,)) is None

@@ -23,7 +23,7 @@ from tabulate import tabulate
 
 from harness import save
 
-from hipipe_compiler.topology import load_topology
+from hipipe_compiler.presets import load_topology
 from hipipe_compiler.training import POLICIES, SimulatedCost, load_profile, plan_training
 from hipipe_compiler.training.profiles import A100_AMP, BUILTIN_PROFILES
 

@@ -18,7 +18,8 @@ from .msccl import (
 )
 from .schedule import ChunkPlan, Plan, hierarchical_plan, ring_plan
 from .sim import SimResult, render_timeline, simulate
-from .topology import PRESETS, Dimension, Topology, load_topology, preset
+from .topology import Dimension, Topology
+from .presets import PRESETS, load_topology, preset
 from .training import SimulatedCost, load_profile, plan_training, write_plan
 from .units import format_size, parse_size
 

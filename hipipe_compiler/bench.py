@@ -26,7 +26,8 @@ from .optimizer.search import ABLATIONS, Search, optimize_window
 from .schedule import Plan, hierarchical_plan, ring_plan, themis_plan
 from .schedule.baselines import nccl_plan
 from .sim import SimulationError, simulate_exact
-from .topology import Topology, load_topology, topology_from_document
+from .topology import Topology, topology_from_document
+from .presets import load_topology
 from .units import MAX_BYTES, format_size, parse_size
 
 PlanFor = Callable[[Topology, str, int, str], Plan]

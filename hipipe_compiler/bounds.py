@@ -1,9 +1,11 @@
-"""The physical limit T_LB of cost-model.md section 4: what no schedule on this topology can
-beat, for a collective of M bytes. It depends on the topology and M only.
+"""The physical limits of cost-model.md section 4: T_LB, what no schedule on this topology can
+beat, and T_LB1 (section 4.1), what no program that runs one protocol can beat, for a
+collective of M bytes. Both depend on the topology and M only.
 
->>> from hipipe_compiler.topology import preset
->>> round(lower_bound_us(preset("dgx-h100-8x4"), "allreduce", 1 << 30), 2)
-5943.93
+>>> from hipipe_compiler.topology import Dimension, Topology
+>>> topo = Topology((Dimension(8, "switch", 300, link="nvlink"), Dimension(4, "switch", 50, link="network")))
+>>> round(lower_bound_us(topo, "allreduce", 1 << 30), 2), round(one_protocol_bound_us(topo, "allreduce", 1 << 20), 2)
+(5943.93, 6.19)
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .hardware import PROTOCOLS, WIRE_EFFICIENCY
 from .topology import Topology
 
 #: Collectives with a bound; the others report none (cost-model.md 3).
@@ -19,15 +22,17 @@ BOUNDED = ("allreduce", "reducescatter", "allgather")
 
 @dataclass(frozen=True)
 class Bound:
-    """T_LB and its parts, in microseconds; `binding_from` is k of the binding suffix S_k."""
+    """T_LB and its parts, in microseconds; `binding_from` is k of the binding suffix S_k and
+    `call_us` the cheapest protocol's per-call cost, paid before any byte moves."""
 
     bandwidth_us: float
     latency_us: float
     binding_from: int
+    call_us: float = 0.0
 
     @property
     def total_us(self) -> float:
-        return max(self.bandwidth_us, self.latency_us)
+        return self.call_us + max(self.bandwidth_us, self.latency_us)
 
 
 def bandwidth_bound_us(topology: Topology, collective: str, nbytes: float) -> tuple[float, int]:
@@ -49,9 +54,10 @@ def bandwidth_bound_us(topology: Topology, collective: str, nbytes: float) -> tu
     return best, where
 
 
-def latency_bound_us(topology: Topology) -> float:
+def latency_bound_us(topology: Topology, protocol: str | None = None) -> float:
     """The largest, over rank pairs, of the smallest sum of alpha along a legal path, each
-    dimension's alpha the smallest over the protocols (the protocol is the schedule's choice).
+    dimension's alpha that of `protocol`, or the smallest over the protocols when None (the
+    protocol is the schedule's choice).
 
     Dimension by dimension from the outermost: a switch hop in dimension d costs alpha_d and
     sets every coordinate up to d at once (the highest differing coordinate decides the
@@ -63,10 +69,11 @@ def latency_bound_us(topology: Topology) -> float:
     """
     worst = 0.0
     for dim in topology.dimensions:
+        alpha = dim.min_alpha if protocol is None else dim.alpha(protocol)
         if dim.kind == "ring":
-            worst += dim.diameter * dim.min_alpha
+            worst += dim.diameter * alpha
         else:
-            worst = max(dim.min_alpha, min(2 * dim.min_alpha, worst))
+            worst = max(alpha, min(2 * alpha, worst))
     return worst
 
 
@@ -75,13 +82,24 @@ def lower_bound(topology: Topology, collective: str, nbytes: float) -> Bound | N
     if collective not in BOUNDED:
         return None
     bw, k = bandwidth_bound_us(topology, collective, nbytes)
-    return Bound(bw, latency_bound_us(topology), k)
+    return Bound(bw, latency_bound_us(topology), k, min(topology.call_cost(p) for p in PROTOCOLS))
 
 
 def lower_bound_us(topology: Topology, collective: str, nbytes: float) -> float | None:
     """T_LB in microseconds, or None for a collective without a bound."""
     b = lower_bound(topology, collective, nbytes)
     return None if b is None else b.total_us
+
+
+def one_protocol_bound_us(topology: Topology, collective: str, nbytes: float, protocols: tuple[str, ...] = PROTOCOLS
+                          ) -> float | None:
+    """T_LB1 (cost-model.md 4.1): the smallest, over the protocols a program may run, of that
+    protocol's per-call cost plus the larger of the bandwidth bound with its wire bytes and
+    the latency bound with its latencies; None for a collective without a bound."""
+    if collective not in BOUNDED:
+        return None
+    bw, _k = bandwidth_bound_us(topology, collective, nbytes)
+    return min(topology.call_cost(p) + max(bw / WIRE_EFFICIENCY[p], latency_bound_us(topology, p)) for p in protocols)
 
 
 def bus_factor(collective: str, nranks: int) -> float:

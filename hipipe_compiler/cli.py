@@ -30,7 +30,7 @@ from .msccl.selection import size_refusal
 from .msccl.verify import Report, VerifyOptions, Violation, structural_violations, verify
 from .msccl.writer import DIALECTS
 from .sim import SimulationError, simulate
-from .topology import PRESETS, load_topology
+from .presets import PRESETS, load_topology
 from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
@@ -192,10 +192,24 @@ def cmd_topo(args: argparse.Namespace) -> int:
     for d, dim in enumerate(topo.dimensions):
         links = "2 directed links (B/2 each)" if dim.uses_both_directions else (
             "1 directed link each way" if dim.kind == "ring" else f"1 port to {dim.size - 1} peers")
-        rows.append((topo.dim_name(d), dim.size, dim.kind, dim.bandwidth, *(dim.alpha(p) for p in PROTOCOL_ORDER), links))
-    print(tabulate(rows, headers=("dimension", "size", "kind", "GB/s", *(f"{p} us" for p in PROTOCOL_ORDER), "per rank")))
+        if dim.nvls is not None:
+            links += f"; in-switch reduction at {dim.nvls.efficiency:g} of B"
+        rows.append((topo.dim_name(d), dim.size, dim.kind, dim.link or "-", dim.bandwidth,
+                     *(dim.alpha(p) for p in PROTOCOL_ORDER), links))
+    print(tabulate(rows, headers=("dimension", "size", "kind", "link", "GB/s", *(f"{p} us" for p in PROTOCOL_ORDER),
+                                  "per rank")))
     if not any(dim.per_protocol for dim in topo.dimensions):
         print("latency: one number per dimension, the same for every protocol")
+    if topo.call_latency is not None:
+        costs = ", ".join(f"{p} {topo.call_cost(p):g}" for p in PROTOCOL_ORDER)
+        print(f"per-call cost (us, paid once per call): {costs}")
+    for d in topo.nvls_dimensions:
+        nvls = topo.dimensions[d].nvls
+        assert nvls is not None
+        print(f"in-switch reduction on {topo.dim_name(d)}: efficiency {nvls.efficiency:g}, "
+              f"{nvls.call_latency:g} us per call on top")
+    if topo.gpu or topo.cpu:
+        print("hardware: " + ", ".join(f"{k} {v}" for k, v in (("gpu", topo.gpu), ("cpu", topo.cpu)) if v))
     if topo.reduce_bandwidth:
         print(f"local reduce bandwidth: {topo.reduce_bandwidth} GB/s")
     return 0

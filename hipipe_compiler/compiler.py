@@ -1,7 +1,7 @@
 """The compiler's main job: a topology, a collective and a byte range in; one verified
 Program per size window out, ready to be written as MSCCL XML.
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(algorithm="hierarchical"), 1 << 20, 1 << 22)
 >>> [(w.window.min_bytes, w.window.max_bytes) for w in windows]
 [(1048576, 4194304)]

@@ -3,13 +3,15 @@
 This module is the only place that knows how ranks map to coordinates and which pairs of
 ranks are linked (cost-model.md sections 1-2).
 
->>> topo = preset("dgx-h100-8x4")
+>>> topo = Topology((Dimension(8, "switch", 370.8, link="nvlink"), Dimension(4, "switch", 50, link="network")))
 >>> topo.nranks, topo.coords(13), topo.rank((5, 1))
 (32, (5, 1), 13)
 >>> topo.link_dimension(0, 9), topo.has_link(0, 9)
 (1, True)
 >>> topo.link_latency(0, 9, "LL"), topo.link_latency(0, 9, "Simple")  # NCCL's estimates for IB
 (2.7, 14.0)
+>>> topo.call_cost("LL")  # no call_latency: calls cost nothing beyond their messages
+0.0
 """
 
 from __future__ import annotations
@@ -17,67 +19,70 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from pathlib import Path
 from typing import Any, Hashable, Literal, Mapping
 
-from .documents import load_document, validate_document
+from .documents import validate_document
 from .errors import InputError
+from .hardware import MAX_LATENCY, NETWORK, NVLINK, PCIE, PROTOCOLS, Latencies, gpu_model, latency_value, link_latencies, per_protocol
 
 Kind = Literal["ring", "switch"]
+#: CPU vendors NCCL's tuning distinguishes (its LL bandwidth caps and network overhead).
+CPUS: tuple[str, ...] = ("intel", "amd", "arm", "power")
 KINDS: tuple[str, ...] = ("ring", "switch")
 
 #: A resource a message uses while it moves bytes, and that resource's capacity in GB/s.
 Resource = tuple[Hashable, float]
-#: The runtime's protocols, in the order latencies are written.
-PROTOCOLS: tuple[str, ...] = ("LL", "LL128", "Simple")
+#: A dimension's in-switch reduction (cost-model.md section 5) is only for switches of GPUs.
+NVLS_KINDS: tuple[str, ...] = ("switch",)
 
 
 @dataclass(frozen=True)
-class Latencies:
-    """alpha per protocol, in microseconds: how long a message takes to become visible to its
-    receiver (cost-model.md section 1).
+class Nvls:
+    """In-switch reduction on a switch dimension (NVLink SHARP, cost-model.md section 5):
+    switch reduces and multicast stores move at `efficiency` times the dimension's bandwidth,
+    and a call that uses them pays `call_latency` µs once, on top of the topology's per-call
+    cost (the multicast objects' synchronisation; a topology field because only a
+    measurement can say what it is)."""
 
-    >>> Latencies.of({"LL": 0.6, "LL128": 1.9, "Simple": 3.4}).alpha("LL128")
-    1.9
-    """
+    efficiency: float
+    call_latency: float = 0.0
 
-    LL: float
-    LL128: float
-    Simple: float
+    def __post_init__(self) -> None:
+        if not (isinstance(self.efficiency, (int, float)) and not isinstance(self.efficiency, bool)
+                and 0 < self.efficiency <= 1):
+            raise InputError(None, "nvls.efficiency", f"expected a number in (0, 1], got {self.efficiency!r}")
+        if not latency_value(self.call_latency):
+            raise InputError(None, "nvls.call_latency", f"expected a number from 0 to {MAX_LATENCY:g} (microseconds), "
+                             f"got {self.call_latency!r}")
 
     @classmethod
-    def of(cls, values: Mapping[str, Any]) -> "Latencies":
-        """From a mapping with exactly the keys LL, LL128 and Simple; InputError names the key."""
-        keys = set(values)
-        if keys != set(PROTOCOLS):
-            missing, extra = sorted(set(PROTOCOLS) - keys), sorted(keys - set(PROTOCOLS), key=str)
-            what = f"missing {', '.join(missing)}" if missing else f"unknown {', '.join(map(repr, extra))}"
-            raise InputError(None, "latency", f"expected exactly LL, LL128 and Simple; {what}")
-        for key in PROTOCOLS:
-            if not _latency(values[key]):
-                raise InputError(None, f"latency.{key}", f"expected a number from 0 to {MAX_LATENCY:g} (microseconds), got {values[key]!r}")
-        return cls(**{key: values[key] for key in PROTOCOLS})
+    def of(cls, value: Any) -> "Nvls":
+        if isinstance(value, Nvls):
+            return value
+        if not isinstance(value, Mapping) or "efficiency" not in value or set(value) - {"efficiency", "call_latency"}:
+            raise InputError(None, "nvls", f"expected {{efficiency, call_latency}}, got {value!r}")
+        return cls(value["efficiency"], value.get("call_latency", 0.0))
 
-    def alpha(self, protocol: str) -> float:
-        return getattr(self, protocol)
-
-
-#: NCCL's own per-hop latency estimates (src/graph/tuning.cc, hwLat, NCCL 2.18), in µs: the
-#: defaults of cost-model.md section 1 for links named by their type.
-NVLINK = Latencies(0.6, 1.9, 3.4)
-PCIE = Latencies(1.0, 2.5, 5.7)
-NETWORK = Latencies(2.7, 4.0, 14.0)
+    def document(self) -> dict[str, float]:
+        return {"efficiency": self.efficiency, "call_latency": self.call_latency}
 
 
 @dataclass(frozen=True)
 class Dimension:
-    """One level of the network: `size` ranks, connected as a `switch` or a `ring`."""
+    """One level of the network: `size` ranks, connected as a `switch` or a `ring`.
+
+    `link` names the link type (nvlink, pcie, network): where `latency` is left out, the
+    type's default latencies apply (cost-model.md section 1). `nvls` declares in-switch
+    reduction on a switch (cost-model.md section 5).
+    """
 
     size: int
     kind: str
     bandwidth: float  # GB/s a rank can send (and receive) in this dimension, in total
-    latency: float | Latencies  # microseconds per message: one number for every protocol, or one each
+    latency: float | Latencies | None = None  # µs per message: one number for every protocol, or one each
     name: str = ""
+    link: str | None = None
+    nvls: Nvls | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 2:
@@ -87,15 +92,23 @@ class Dimension:
         if not _bandwidth(self.bandwidth):
             raise InputError(None, "bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} (GB/s), "
                              f"got {self.bandwidth!r}")
-        if isinstance(self.latency, Mapping):
-            object.__setattr__(self, "latency", Latencies.of(self.latency))
-        elif not isinstance(self.latency, Latencies) and not _latency(self.latency):
-            raise InputError(None, "latency", f"expected a number from 0 to {MAX_LATENCY:g} (microseconds), or one per protocol "
-                             f"(LL, LL128, Simple), got {self.latency!r}")
+        if self.link is not None:
+            link_latencies(self.link)
+        if self.latency is None:
+            if self.link is None:
+                raise InputError(None, "latency", "expected a latency (µs per message), or a link type (nvlink, pcie, "
+                                 "network) whose default latencies apply")
+            object.__setattr__(self, "latency", link_latencies(self.link))
+        else:
+            object.__setattr__(self, "latency", Latencies.coerce(self.latency, "latency"))
+        if self.nvls is not None:
+            object.__setattr__(self, "nvls", Nvls.of(self.nvls))
+            if self.kind not in NVLS_KINDS:
+                raise InputError(None, "nvls", "in-switch reduction needs a switch dimension; a ring has no switch")
 
     def alpha(self, protocol: str) -> float:
         """alpha (µs) of a message in this dimension under `protocol`."""
-        return self.latency.alpha(protocol) if isinstance(self.latency, Latencies) else self.latency
+        return per_protocol(self.latency, protocol)  # type: ignore[arg-type]
 
     @property
     def min_alpha(self) -> float:
@@ -108,7 +121,13 @@ class Dimension:
 
     def latency_document(self) -> float | dict[str, float]:
         """The latency as a topology file writes it."""
-        return {p: self.alpha(p) for p in PROTOCOLS} if self.per_protocol else self.latency
+        return self.latency.document() if isinstance(self.latency, Latencies) else self.latency  # type: ignore[return-value]
+
+    def document(self) -> dict[str, Any]:
+        """The dimension in the file format of schemas/topology.schema.json."""
+        return {**({"name": self.name} if self.name else {}), "size": self.size, "kind": self.kind,
+                "bandwidth": self.bandwidth, **({"link": self.link} if self.link else {}),
+                "latency": self.latency_document(), **({"nvls": self.nvls.document()} if self.nvls else {})}
 
     @property
     def uses_both_directions(self) -> bool:
@@ -123,17 +142,12 @@ class Dimension:
 
 #: The physical range of a link, in GB/s (1 MB/s to 1 PB/s) and microseconds (up to a second):
 #: numbers far outside it are typing mistakes, and would leave the LPs no numerical room.
-MIN_BANDWIDTH, MAX_BANDWIDTH, MAX_LATENCY = 1e-3, 1e6, 1e6
+MIN_BANDWIDTH, MAX_BANDWIDTH = 1e-3, 1e6
 
 
 def _bandwidth(x: Any) -> bool:
     """A bandwidth: a number in [MIN_BANDWIDTH, MAX_BANDWIDTH] GB/s."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and MIN_BANDWIDTH <= x <= MAX_BANDWIDTH
-
-
-def _latency(x: Any) -> bool:
-    """A latency: a number in [0, MAX_LATENCY] microseconds."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x <= MAX_LATENCY
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,9 @@ class Topology:
     dimensions: tuple[Dimension, ...]
     name: str = ""
     reduce_bandwidth: float | None = None  # GB/s of local reduce/copy work; None means free
+    call_latency: float | Latencies | None = None  # µs every call pays once (cost-model.md 1); None: 0
+    gpu: str | None = None  # a GPU model (hardware.GPU_MODELS) or compute capability, for NCCL's model
+    cpu: str | None = None  # the hosts' CPU vendor, one of CPUS: NCCL's tuning tables depend on it
     _strides: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -157,6 +174,31 @@ class Topology:
         if self.reduce_bandwidth is not None and not _bandwidth(self.reduce_bandwidth):
             raise InputError(None, "reduce_bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} (GB/s), "
                              f"got {self.reduce_bandwidth!r}")
+        if self.call_latency is not None:
+            object.__setattr__(self, "call_latency", Latencies.coerce(self.call_latency, "call_latency"))
+        if self.gpu is not None:
+            gpu_model(self.gpu)
+        if self.cpu is not None and self.cpu not in CPUS:
+            raise InputError(None, "cpu", f"expected one of {', '.join(CPUS)}, got {self.cpu!r}")
+
+    # -- costs that are not per link ------------------------------------------------------
+
+    def call_cost(self, protocol: str) -> float:
+        """c_p: µs every call of a program running `protocol` pays once (cost-model.md 1, 3)."""
+        return 0.0 if self.call_latency is None else per_protocol(self.call_latency, protocol)
+
+    @property
+    def nvls_dimensions(self) -> tuple[int, ...]:
+        """The dimensions that can reduce in the switch (cost-model.md section 5)."""
+        return tuple(d for d, dim in enumerate(self.dimensions) if dim.nvls is not None)
+
+    def with_outer_size(self, size: int, name: str | None = None) -> "Topology":
+        """The same machine with `size` ranks along the outermost dimension (more or fewer
+        nodes), or one dimension fewer where size is 1."""
+        dims = self.dimensions[:-1] if size == 1 else (*self.dimensions[:-1], replace(self.dimensions[-1], size=size))
+        if not dims:
+            raise InputError(None, "--nodes", "a topology needs at least one dimension of two ranks")
+        return replace(self, dimensions=tuple(dims), name=self.name if name is None else name)
 
     # -- shape ---------------------------------------------------------------------------
 
@@ -285,29 +327,26 @@ class Topology:
 
     def describe(self) -> dict[str, Any]:
         """A plain dictionary of the topology (the file format, plus derived facts)."""
-        return {
-            "name": self.name or None,
-            "ranks": self.nranks,
-            "dimensions": [
-                {"name": self.dim_name(d), "size": dim.size, "kind": dim.kind,
-                 "bandwidth": dim.bandwidth, "latency": dim.latency_document()}
-                for d, dim in enumerate(self.dimensions)
-            ],
-            **({"reduce_bandwidth": self.reduce_bandwidth} if self.reduce_bandwidth else {}),
-        }
+        doc = self.to_document()
+        dims = [{"name": self.dim_name(d), **dim.document()} for d, dim in enumerate(self.dimensions)]
+        return {"name": self.name or None, "ranks": self.nranks, **{k: v for k, v in doc.items() if k != "name"},
+                "dimensions": dims}
 
     def to_document(self) -> dict[str, Any]:
         """The topology in the file format of schemas/topology.schema.json."""
         doc: dict[str, Any] = {}
         if self.name:
             doc["name"] = self.name
+        if self.gpu is not None:
+            doc["gpu"] = self.gpu
+        if self.cpu is not None:
+            doc["cpu"] = self.cpu
+        if self.call_latency is not None:
+            doc["call_latency"] = (self.call_latency.document() if isinstance(self.call_latency, Latencies)
+                                   else self.call_latency)
         if self.reduce_bandwidth is not None:
             doc["reduce_bandwidth"] = self.reduce_bandwidth
-        doc["dimensions"] = [
-            {**({"name": dim.name} if dim.name else {}), "size": dim.size, "kind": dim.kind,
-             "bandwidth": dim.bandwidth, "latency": dim.latency_document()}
-            for dim in self.dimensions
-        ]
+        doc["dimensions"] = [dim.document() for dim in self.dimensions]
         return doc
 
 
@@ -320,66 +359,15 @@ def topology_from_document(doc: Any, source: str | None = None) -> Topology:
     dims = []
     for i, d in enumerate(doc["dimensions"]):
         try:
-            dims.append(Dimension(size=d["size"], kind=d["kind"], bandwidth=d["bandwidth"],
-                                  latency=d["latency"], name=d.get("name", "")))
+            dims.append(Dimension(size=d["size"], kind=d["kind"], bandwidth=d["bandwidth"], latency=d.get("latency"),
+                                  name=d.get("name", ""), link=d.get("link"), nvls=d.get("nvls")))
         except InputError as exc:
             raise InputError(source, f"dimensions[{i}].{exc.field}", exc.message) from None
     names = [d.name for d in dims if d.name]
     if len(names) != len(set(names)):
         raise InputError(source, "dimensions", "expected distinct dimension names")
     try:
-        return Topology(tuple(dims), name=doc.get("name", ""), reduce_bandwidth=doc.get("reduce_bandwidth"))
+        return Topology(tuple(dims), name=doc.get("name", ""), reduce_bandwidth=doc.get("reduce_bandwidth"),
+                        call_latency=doc.get("call_latency"), gpu=doc.get("gpu"), cpu=doc.get("cpu"))
     except InputError as exc:
         raise InputError(source, exc.field, exc.message) from None
-
-
-def load_topology(spec: str | Path) -> Topology:
-    """A topology from a YAML/JSON file, or a preset name (see `PRESETS`).
-
-    >>> load_topology("torus-4x4").shape
-    (4, 4)
-    """
-    path = Path(spec)
-    if path.is_file() or path.suffix.lower() in (".yaml", ".yml", ".json") or "/" in str(spec):
-        topo = topology_from_document(load_document(path), str(path))
-        if not topo.name:
-            topo = Topology(topo.dimensions, name=path.stem, reduce_bandwidth=topo.reduce_bandwidth)
-        return topo
-    if str(spec) in PRESETS:
-        return preset(str(spec))
-    raise InputError(str(spec), None, f"not a topology file or a preset; presets: {', '.join(PRESETS)}")
-
-
-def _nvswitch_ib(nodes: int, name: str) -> Topology:
-    """Nodes of 8 H100s on NVSwitch joined by a 400 Gb/s NIC per GPU, at NCCL's per-protocol latencies."""
-    return Topology((Dimension(8, "switch", 300.0, NVLINK, "nvlink"), Dimension(nodes, "switch", 50.0, NETWORK, "ib")),
-                    name=name)
-
-
-def _presets() -> dict[str, Topology]:
-    out: dict[str, Topology] = {}
-    for nodes in (2, 4, 16, 32, 64):
-        out[f"dgx-h100-8x{nodes}"] = _nvswitch_ib(nodes, f"dgx-h100-8x{nodes}")
-    out["torus-4x4"] = Topology((Dimension(4, "ring", 100.0, 0.5, "x"), Dimension(4, "ring", 100.0, 0.5, "y")), name="torus-4x4")
-    out["torus-4x4x4"] = Topology((Dimension(4, "ring", 200.0, 0.05, "x"), Dimension(4, "ring", 100.0, 0.5, "y"),
-                                   Dimension(4, "ring", 50.0, 2.0, "z")), name="torus-4x4x4")
-    out["ring-fc-switch-2x8x4"] = Topology((Dimension(2, "ring", 200.0, 0.05, "ring"), Dimension(8, "switch", 100.0, 0.5, "fc"),
-                                            Dimension(4, "switch", 50.0, 2.0, "switch")), name="ring-fc-switch-2x8x4")
-    out["pod-8x4x8x4"] = Topology((Dimension(8, "switch", 300.0, NVLINK, "nvlink"), Dimension(4, "switch", 50.0, NETWORK, "leaf"),
-                                   Dimension(8, "switch", 25.0, NETWORK, "spine"), Dimension(4, "ring", 12.5, NETWORK, "dc")),
-                                  name="pod-8x4x8x4")
-    return out
-
-
-#: Named topologies: NVSwitch nodes over IB (C1 of algorithms.md 6.2 is dgx-h100-8x4), tori
-#: (C3 torus-4x4, C5 torus-4x4x4), the astra-sim default (C6 ring-fc-switch-2x8x4) and a
-#: 1024-rank four-dimensional pod.
-PRESETS: dict[str, Topology] = _presets()
-
-
-def preset(name: str) -> Topology:
-    """A named topology from `PRESETS`."""
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise InputError(name, None, f"unknown preset; expected one of {', '.join(PRESETS)}") from None

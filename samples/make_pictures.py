@@ -25,7 +25,7 @@ def timeline(out: Path) -> Path:
     """Compile, simulate and draw the sample all-reduce."""
     from hipipe_compiler.compiler import CompileOptions, compile_range
     from hipipe_compiler.sim import render_timeline, simulate
-    from hipipe_compiler.topology import load_topology
+    from hipipe_compiler.presets import load_topology
 
     topo = load_topology(TIMELINE_TOPOLOGY)
     program = compile_range(topo, CompileOptions(), TIMELINE_SIZE, TIMELINE_SIZE)[0].program
@@ -37,7 +37,7 @@ def timeline(out: Path) -> Path:
 def busbw(out: Path, sizes: tuple[int, ...] = BENCH_SIZES) -> Path:
     """The bench plot of the two-dimensional samples."""
     from hipipe_compiler.bench import Grid, plot, run_grid
-    from hipipe_compiler.topology import load_topology
+    from hipipe_compiler.presets import load_topology
 
     topos = {t.label: t for t in (load_topology(SAMPLES / "topologies" / name) for name in BENCH_TOPOLOGIES)}
     grid = Grid(topos, sizes, algorithms=BENCH_ALGORITHMS)

@@ -8,7 +8,7 @@ import pytest
 
 from hipipe_compiler.bench import BASELINES, Grid, load_grid, plot, run_grid, table, to_csv, to_json
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 
 from conftest import REPO
 

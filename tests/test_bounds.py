@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.bounds import bandwidth_bound_us, bus_factor, latency_bound_us, lower_bound, lower_bound_us
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 from conftest import topologies
 

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from hipipe_compiler.msccl import lexical_issues, read_program
-from hipipe_compiler.topology import load_topology
+from hipipe_compiler.presets import load_topology
 
 from conftest import SAMPLES, real_xml_files, run_hipipe, shared_path
 

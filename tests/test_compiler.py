@@ -16,7 +16,7 @@ from hipipe_compiler.errors import InputError
 from hipipe_compiler.files import check_output_path, write_atomic
 from hipipe_compiler.msccl import read_program
 from hipipe_compiler.optimizer import Knobs, build_plan
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 from hipipe_compiler.windows import WIDE_WINDOWS_FROM, Window, size_windows
 
 from conftest import topologies

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hipipe_compiler.bench import Grid, load_grid, run_grid
-from hipipe_compiler.topology import load_topology
+from hipipe_compiler.presets import load_topology
 from hipipe_compiler.training import SimulatedCost, load_profile, plan_training
 
 from conftest import SHARED

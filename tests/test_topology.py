@@ -7,7 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.topology import NETWORK, PRESETS, Dimension, Topology, load_topology, preset, topology_from_document
+from hipipe_compiler.topology import NETWORK, Dimension, Topology, topology_from_document
+from hipipe_compiler.presets import PRESETS, load_topology, preset
 
 from conftest import SAMPLES, topologies
 

@@ -11,7 +11,7 @@ the passes, one module each:
    becomes rrs/rcs/rrcs; dependencies are pruned with vector clocks, extra ones carried by
    nops; then the Program with channel and threadblock numbers.
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> from hipipe_compiler.schedule import hierarchical_plan
 >>> program = lower(hierarchical_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
 >>> program.ngpus, program.nchunksperloop, program.max_steps <= 64
@@ -66,7 +66,7 @@ def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -
     (simulate.symmetric), so rank 0 alone times the plan exactly; checked without emitting.
 
     >>> from hipipe_compiler.schedule import hierarchical_plan
-    >>> from hipipe_compiler.topology import preset
+    >>> from hipipe_compiler.presets import preset
     >>> same_schedule(hierarchical_plan(preset("torus-4x4"), chunks=2, max_bytes=1 << 20), [5, 15])
     True
     """

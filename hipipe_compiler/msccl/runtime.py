@@ -85,8 +85,6 @@ class Limits:
 SLICE_BYTES = {"Simple": 2 << 20, "LL": 32 << 10, "LL128": 576000}
 #: Messages a connection's FIFO holds: 8 slots, a Simple message takes 4, LL/LL128 take 1.
 FIFO_MESSAGES = {"Simple": 2, "LL": 8, "LL128": 8}
-#: Payload bytes per wire byte.
-WIRE_EFFICIENCY = {"Simple": 1.0, "LL128": 120 / 128, "LL": 0.5}
 
 
 def max_allowed_count(protocol: str, nbytes: int, nchunksperloop: int) -> int:

@@ -2,7 +2,7 @@
 chunk counts and pipeline shapes, and the extras swept on top of it (the other protocols,
 trees and shapes the descent seldom reaches from the sweep's best).
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> topo = preset("dgx-h100-8x4")
 >>> [k.label for k in coarse_sweep(chunk_limit(topo, 1 << 20), allreduce=True, large=False)[:4]]
 ['k1', 'k1-1s', 'k2', 'k2-ag']

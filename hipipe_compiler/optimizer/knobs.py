@@ -3,7 +3,7 @@ sizes come from the pipeline LP or are uniform, whether dimension orders are mix
 order-mixing LP, lanes, ramps, one-shot and both-way exchanges, the protocol and the
 granularity of chunks.
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> knobs = Knobs(chunks=4, mix=True, ag_lane=True)
 >>> plan = build_plan(preset("torus-4x4"), "allreduce", 1 << 20, 1 << 30, knobs)
 >>> sorted({c.order for c in plan.chunks})  # two equal dimensions: half the chunks each way

@@ -3,7 +3,7 @@ candidates.py) and the baselines are lowered and simulated, and the simulator is
 (design.md "Optimizer"): a coarse sweep, coordinate descent over every knob from the best few, and the
 finalists judged again at both ends of the window.
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> [choice] = optimize(preset("dgx-h100-8x2"), "allreduce", [(1 << 20, 1 << 20)])
 >>> choice.plan.label.startswith(("hipipe", "hierarchical", "themis", "ring"))
 True

@@ -2,7 +2,7 @@
 all-reduce with uniform chunks, and Themis-like greedy dimension orders; and the defaults
 every plan builder shares (algorithms per dimension, layouts, orders, chunk pairs).
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> plan = hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", chunks=2, nominal_bytes=1 << 28)
 >>> [c.order for c in plan.chunks], plan.algorithms
 ([(0, 1), (0, 1)], ('direct', 'direct'))

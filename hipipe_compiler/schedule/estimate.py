@@ -3,7 +3,7 @@ the list schedule built from the stage costs that orders a plan's work when the 
 not give its own (`events`).
 
 >>> from hipipe_compiler.schedule.baselines import hierarchical_plan
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> plan = hierarchical_plan(preset("dgx-h100-8x4"), chunks=2, nominal_bytes=1 << 28)
 >>> events(plan)  # (chunk, stage): chunk 1 reduce-scatters on nvlink while chunk 0 is on ib
 ((0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (1, 2))
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 
-from ..msccl.runtime import WIRE_EFFICIENCY
+from ..hardware import WIRE_EFFICIENCY
 from ..topology import Topology
 from .fold import folded_limits
 from .plan import RING_ALGORITHMS, Plan, Stage, ring_axis, stage_algorithm, stage_bytes
@@ -49,9 +49,10 @@ def stage_cost(plan: Plan, k: int, stage: Stage, nbytes: float) -> float:
 
 
 def time_floor_us(plan: Plan, nbytes: float, network: Topology | None = None) -> float:
-    """A time no run of `plan` at nbytes can beat: the larger of its busiest dimension's wire
-    bytes per rank over that dimension's bandwidth, and its longest chain of message
-    latencies (every byte of a chunk passes its stages one after another). The optimizer
+    """A time no run of `plan` at nbytes can beat: the per-call cost of its protocol, then the
+    larger of its busiest dimension's wire bytes per rank over that dimension's bandwidth,
+    and its longest chain of message latencies (every byte of a chunk passes its stages one
+    after another). The optimizer
     skips a candidate whose floor already loses to the best plan it has simulated.
 
     A folded plan (plan.fold) runs on `network`, the topology before folding: its folded
@@ -59,7 +60,7 @@ def time_floor_us(plan: Plan, nbytes: float, network: Topology | None = None) ->
     summed bandwidth and their smallest latency.
 
     >>> from hipipe_compiler.schedule.baselines import hierarchical_plan
-    >>> from hipipe_compiler.topology import preset
+    >>> from hipipe_compiler.presets import preset
     >>> plan = hierarchical_plan(preset("torus-4x4"), chunks=2, nominal_bytes=1 << 30)
     >>> round(time_floor_us(plan, 1 << 30), 1)  # 3/4 of the call twice through x, at 100 GB/s
     16106.1
@@ -92,7 +93,7 @@ def time_floor_us(plan: Plan, nbytes: float, network: Topology | None = None) ->
             path += hops * alphas[st.axis]
         chain = max(chain, path)
     load = max(b / (c * 1e3) for b, c in zip(wire, capacity))
-    return max(load, chain)
+    return topo.call_cost(plan.protocol) + max(load, chain)
 
 
 def default_schedule(plan: Plan) -> tuple[tuple[int, int], ...]:

@@ -11,7 +11,7 @@ and subtracting offsets digit by digit (`fold_add`, `fold_sub`), which translate
 dimensions, so a rank's schedule is rank 0's shifted wherever the unfolded plan's is
 (simulate.symmetric holds on the real topology).
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> folded, radices = fold_topology(preset("dgx-h100-8x4"))
 >>> [d.size for d in folded.dimensions], radices
 ([32], (8, 4))
@@ -59,7 +59,7 @@ def fold_topology(topology: Topology) -> tuple[Topology, tuple[int, ...]]:
     parts = topology.dimensions[:depth]
     top = parts[-1]
     name = "+".join(topology.dim_name(d) for d in range(depth))
-    merged: Dimension = replace(top, size=math.prod(d.size for d in parts), name=name)
+    merged: Dimension = replace(top, size=math.prod(d.size for d in parts), name=name, nvls=None)
     return replace(topology, dimensions=(merged, *topology.dimensions[depth:]), name=topology.label), \
         tuple(d.size for d in parts)
 

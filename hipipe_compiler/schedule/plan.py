@@ -6,7 +6,7 @@ all-gather back up), a ring direction and a lane. Chunks on one lane share threa
 pass through each dimension one after another, in the plan's schedule order; lanes run side
 by side. The baselines of algorithms.md section 5 are plans too (baselines.py).
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> topo = preset("torus-4x4")
 >>> plan = Plan(topo, "allreduce", (ChunkPlan(1, (0, 1), 1), ChunkPlan(1, (1, 0), -1)), ("ring", "ring"),
 ...             ("fused", "fused"))

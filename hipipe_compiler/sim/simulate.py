@@ -8,7 +8,7 @@ moving bytes. Threadblocks run their steps in order, iteration after iteration; 
 for their dependencies in the same iteration; a send needs fewer than W messages
 outstanding on its connection; a receive consumes its connection's next message.
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> from hipipe_compiler.schedule import hierarchical_plan
 >>> from hipipe_compiler.lower import lower
 >>> topo = preset("dgx-h100-8x2")
@@ -25,9 +25,10 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Hashable
 
-from ..bounds import bus_factor, lower_bound
+from ..bounds import bus_factor, lower_bound, one_protocol_bound_us
 from ..msccl.program import RECEIVING_TYPES, SENDING_TYPES, Program, Step
-from ..msccl.runtime import FIFO_MESSAGES, SLICE_BYTES, WIRE_EFFICIENCY
+from ..hardware import WIRE_EFFICIENCY
+from ..msccl.runtime import FIFO_MESSAGES, SLICE_BYTES
 from ..topology import Topology
 
 
@@ -76,6 +77,7 @@ class SimResult:
     iterations: int
     dims: tuple[DimensionUsage, ...]
     intervals: tuple[Interval, ...] = field(default=(), repr=False, compare=False)
+    one_protocol_bound_us: float | None = None  # T_LB1 (cost-model.md 4.1)
 
     @property
     def algbw_GBps(self) -> float:
@@ -91,10 +93,18 @@ class SimResult:
             return None
         return self.lower_bound_us / self.time_us
 
+    @property
+    def utilisation1(self) -> float | None:
+        """U1 = T_LB1 / T: the utilisation a one-protocol program is judged by."""
+        if self.one_protocol_bound_us is None or self.time_us <= 0:
+            return None
+        return self.one_protocol_bound_us / self.time_us
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "collective": self.collective, "nbytes": self.nbytes, "ranks": self.nranks,
             "time_us": self.time_us, "lower_bound_us": self.lower_bound_us, "utilisation": self.utilisation,
+            "one_protocol_bound_us": self.one_protocol_bound_us, "utilisation1": self.utilisation1,
             "algbw_GBps": self.algbw_GBps, "busbw_GBps": self.busbw_GBps, "iterations": self.iterations,
             "dimensions": [{"name": d.name, "bytes_per_rank": d.bytes_per_rank, "busy_fraction": d.busy_fraction}
                            for d in self.dims],
@@ -200,11 +210,13 @@ class _Simulator:
         heapq.heappush(self.events, (time, self.seq, kind, obj, version))
 
     def run(self) -> float:
+        start = self.topology.call_cost(self.program.protocol)  # every tb starts after the per-call cost
+        self.last_done = start
         for tb in sorted(self.tbs.values(), key=lambda t: t.key):
             if tb.done:
                 self.progress[tb.key] = (self.iterations, -1)
             else:
-                self.schedule(0.0, "try", tb)
+                self.schedule(start, "try", tb)
         while self.events:
             time, _seq, kind, obj, version = heapq.heappop(self.events)
             self.now = time
@@ -483,7 +495,7 @@ def symmetric(program: Program, topology: Topology) -> bool:
 
     >>> from hipipe_compiler.lower import lower
     >>> from hipipe_compiler.schedule import hierarchical_plan, ring_plan
-    >>> from hipipe_compiler.topology import preset
+    >>> from hipipe_compiler.presets import preset
     >>> topo = preset("torus-4x4")
     >>> symmetric(lower(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20)), topo)
     True
@@ -524,4 +536,5 @@ def simulate(program: Program, topology: Topology, nbytes: int, record: bool = F
         busy = sum(sim.busy_time[r] for r in keys) / (len(keys) * time) if keys and time > 0 else 0.0
         dims.append(DimensionUsage(topology.dim_name(d), sim.dim_bytes[d] / senders, busy))
     return SimResult(program.collective, nbytes, n, time, None if bound is None else bound.total_us,
-                     sim.iterations, tuple(dims), tuple(sim.intervals))
+                     sim.iterations, tuple(dims), tuple(sim.intervals),
+                     one_protocol_bound_us(topology, program.collective, nbytes))

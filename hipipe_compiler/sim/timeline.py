@@ -7,7 +7,7 @@ drain and bubbles show at a glance. The caption gives T, T_LB and utilisation.
 >>> from hipipe_compiler.lower import lower
 >>> from hipipe_compiler.schedule import hierarchical_plan
 >>> from hipipe_compiler.sim import simulate
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> topo = preset("dgx-h100-8x2")
 >>> program = lower(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20))
 >>> bars = timeline_bars(simulate(program, topo, 1 << 20, record=True), program, topo)

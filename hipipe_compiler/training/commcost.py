@@ -5,7 +5,7 @@ all-reduce of a bucket costs on the job's network.
 (one per size window, as `hipipe compile` would) and times each call size with the simulator.
 `AlphaBetaCost` is a closed-form model for tests and quick what-ifs.
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> cost = SimulatedCost(preset("dgx-h100-8x2"), algorithm="hierarchical")
 >>> cost.call_bytes("allreduce", 1000) % 64, round(cost.time_us("allreduce", 1 << 20), 1) > 0
 (0, True)

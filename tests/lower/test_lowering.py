@@ -18,7 +18,8 @@ from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 from hipipe_compiler.schedule.baselines import tree_plan
 from hipipe_compiler.schedule.trees import nccl_tree, nccl_tree_fits
 from hipipe_compiler.sim import simulate
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 from conftest import COLLECTIVES, examples, topologies
 from strategies import WINDOWS, plans

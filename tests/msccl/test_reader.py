@@ -9,7 +9,7 @@ from lxml import etree
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.msccl import lexical_issues, read_program, write_program
 from hipipe_compiler.msccl.verify import verify
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 
 from conftest import real_xml_files, real_xml_params, shared_path
 from msccl_files import GOOD, XSD, emitted

@@ -13,7 +13,7 @@ from hipipe_compiler.msccl import Gpu, Program, Step, Threadblock, read_program
 from hipipe_compiler.msccl.verify import VerifyOptions, fifo_model, verify
 from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 
 from conftest import COLLECTIVES, SHARED, examples, real_xml_params, topologies
 from mutations import EXPECTED, MUTATIONS, duplicate_reduction

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.msccl import read_program, write_program
-from hipipe_compiler.topology import load_topology, preset
+from hipipe_compiler.presets import load_topology, preset
 
 from conftest import COLLECTIVES, SAMPLES, topologies
 from msccl_files import check_file_rules, emitted

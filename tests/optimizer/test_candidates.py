@@ -12,7 +12,7 @@ from hipipe_compiler.optimizer.candidates import (BANDWIDTH_WINDOW, FOLD_WINDOW,
                                                   protocol_choices)
 from hipipe_compiler.optimizer.knobs import build_plan
 from hipipe_compiler.schedule import check_plan
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 
 from conftest import COLLECTIVES, REPO, examples, topologies
 

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from hipipe_compiler.bounds import bandwidth_bound_us
 from hipipe_compiler.optimizer import Knobs, build_plan, lp
 from hipipe_compiler.optimizer.lp import StageCost, chunk_sizes, dimension_loads, geometric_sizes, order_mix
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 from conftest import topologies
 

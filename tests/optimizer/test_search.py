@@ -22,7 +22,8 @@ from hipipe_compiler.schedule.fold import fold_depth
 from hipipe_compiler.schedule.plan import plan_shape
 from hipipe_compiler.sim import SimulationError, simulate, simulate_exact
 from hipipe_compiler.sim.simulate import probe_ranks, symmetric
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 from conftest import examples, topologies
 

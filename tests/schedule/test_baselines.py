@@ -9,7 +9,8 @@ from hipipe_compiler.lower import lower
 from hipipe_compiler.schedule.baselines import bandwidth_order, nccl_channels, nccl_plan, tree_plan
 from hipipe_compiler.sim import simulate
 from hipipe_compiler.schedule.trees import nccl_tree_fits
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 from conftest import topologies
 

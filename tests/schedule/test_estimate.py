@@ -9,7 +9,7 @@ from hipipe_compiler.lower import lower
 from hipipe_compiler.schedule import hierarchical_plan, time_floor_us
 from hipipe_compiler.schedule.estimate import default_schedule
 from hipipe_compiler.sim import simulate, simulate_exact
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 
 from conftest import examples
 from strategies import plans

@@ -17,7 +17,8 @@ from hipipe_compiler.schedule import check_plan, time_floor_us
 from hipipe_compiler.schedule.fold import fold_add, fold_depth, fold_sub, fold_topology
 from hipipe_compiler.sim import SimulationError, simulate, simulate_exact
 from hipipe_compiler.sim.simulate import probe_ranks, symmetric
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 from conftest import REPO, examples, topologies
 

@@ -5,7 +5,7 @@ import pytest
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.schedule import ChunkPlan, Plan, check_plan
 from hipipe_compiler.schedule.plan import chunk_stages, plan_shape
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 
 
 def test_stages_of_each_collective():

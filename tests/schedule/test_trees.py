@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.schedule.trees import binary_tree, nccl_tree, tree_depth
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 
 def reaches_root(parent: tuple[int, ...]) -> bool:

@@ -16,7 +16,8 @@ from hipipe_compiler.optimizer import build_plan as hipipe_build
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan, themis_plan
 from hipipe_compiler.sim import SimulationError, simulate, simulate_exact
 from hipipe_compiler.sim.simulate import probe_ranks, symmetric
-from hipipe_compiler.topology import Dimension, Topology, preset
+from hipipe_compiler.topology import Dimension, Topology
+from hipipe_compiler.presets import preset
 
 from conftest import COLLECTIVES, real_xml_params, topologies
 

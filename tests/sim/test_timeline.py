@@ -14,7 +14,7 @@ from hipipe_compiler.compiler import CompileOptions, compile_range
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.sim import render_timeline, simulate
 from hipipe_compiler.sim.timeline import _lanes, chunk_of, timeline_bars
-from hipipe_compiler.topology import load_topology, preset
+from hipipe_compiler.presets import load_topology, preset
 
 from conftest import REPO, SAMPLES, run_hipipe
 

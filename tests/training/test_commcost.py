@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.sim import simulate
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 from hipipe_compiler.training import AlphaBetaCost, SimulatedCost
 from hipipe_compiler.training.commcost import COLLECTIVES, CostCache, cached
 from hipipe_compiler.windows import window_of

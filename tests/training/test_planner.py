@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hipipe_compiler.documents import validate_document
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.topology import preset
+from hipipe_compiler.presets import preset
 from hipipe_compiler.training import POLICIES, AlphaBetaCost, LayerProfile, SimulatedCost, plan_training
 from hipipe_compiler.training.buckets import Op, build_plan, uniform_schedule
 from hipipe_compiler.training.commcost import COLLECTIVES

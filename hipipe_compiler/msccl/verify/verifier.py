@@ -13,7 +13,7 @@ Checks, in order:
 5. races (races.py): two threadblocks of a rank touching the same chunk, at least one
    writing, with no order between them through dependencies or messages.
 
->>> from hipipe_compiler.topology import preset
+>>> from hipipe_compiler.presets import preset
 >>> from hipipe_compiler.schedule import hierarchical_plan
 >>> from hipipe_compiler.lower import lower
 >>> report = verify(lower(hierarchical_plan(preset("dgx-h100-8x2"), max_bytes=1 << 20)))

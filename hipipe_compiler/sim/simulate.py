@@ -23,13 +23,15 @@ import heapq
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass, field, replace
-from typing import Any, Hashable
+from typing import Any
 
 from ..bounds import bus_factor, lower_bound, one_protocol_bound_us
 from ..msccl.program import RECEIVING_TYPES, SENDING_TYPES, Program, Step
 from ..hardware import WIRE_EFFICIENCY
 from ..msccl.runtime import FIFO_MESSAGES, SLICE_BYTES
 from ..topology import Topology
+from .network import Message, Network
+from .period import Periodic
 
 
 class SimulationError(Exception):
@@ -78,6 +80,7 @@ class SimResult:
     dims: tuple[DimensionUsage, ...]
     intervals: tuple[Interval, ...] = field(default=(), repr=False, compare=False)
     one_protocol_bound_us: float | None = None  # T_LB1 (cost-model.md 4.1)
+    skipped_iterations: int = field(default=0, compare=False)  # replays timed by the steady state's period
 
     @property
     def algbw_GBps(self) -> float:
@@ -111,22 +114,15 @@ class SimResult:
         }
 
 
-class _Message:
-    __slots__ = ("sender", "conn", "resources", "remaining", "rate", "since", "version", "arrived", "arrival",
-                 "dim", "start", "offset", "cnt", "iteration", "src", "dst", "record_index")
+class _Message(Message):
+    """A message of the MSCCL runtime: its connection, and what a timeline shows of it."""
 
-    def __init__(self, sender: "_Tb", conn: tuple, resources: tuple, wire_bytes: float, dim: int) -> None:
+    __slots__ = ("sender", "conn", "offset", "cnt", "iteration", "src", "dst", "record_index")
+
+    def __init__(self, sender: "_Tb", conn: tuple, resources: tuple, wire_bytes: float, dim: int, alpha: float) -> None:
+        super().__init__(sender, resources, dim, wire_bytes, alpha)
         self.sender = sender
         self.conn = conn
-        self.resources = resources
-        self.remaining = wire_bytes
-        self.rate = 0.0
-        self.since = 0.0
-        self.version = 0
-        self.arrived = False
-        self.arrival = math.inf
-        self.dim = dim
-        self.start = 0.0
         self.record_index = -1
 
 
@@ -152,7 +148,8 @@ class _Tb:
 
 
 class _Simulator:
-    def __init__(self, program: Program, topology: Topology, nbytes: int, record: bool, quotient: bool = False) -> None:
+    def __init__(self, program: Program, topology: Topology, nbytes: int, record: bool, quotient: bool = False,
+                 shortcut: bool = True) -> None:
         if program.ngpus != topology.nranks:
             raise SimulationError(f"the program is for {program.ngpus} ranks but the topology has {topology.nranks}", 2)
         self.quotient = quotient
@@ -162,32 +159,23 @@ class _Simulator:
         self.topology = topology
         self.nbytes = nbytes
         self.record = record
+        self.shortcut = shortcut  # skip the replays' periodic steady state (period.py)
+        self.periodic: Periodic | None = None
         chunk = nbytes / program.nchunksperloop
         self.iterations = max(1, math.ceil(chunk / SLICE_BYTES[program.protocol])) if nbytes > 0 else 1
         self.chunk_slice = chunk / self.iterations  # data bytes one chunk moves per iteration
         self.efficiency = WIRE_EFFICIENCY[program.protocol]
         self.window = FIFO_MESSAGES[program.protocol]  # messages outstanding before a send waits
         self.g = topology.reduce_bandwidth * 1e3 if topology.reduce_bandwidth else None  # bytes per us
-        self.now = 0.0
-        self.events: list = []
-        self.seq = 0
+        self.net = Network(topology, program.protocol, quotient)
+        self.net.on_arrival = self.arrive
         self.tbs: dict[tuple[int, int], _Tb] = {}
         self.progress: dict[tuple[int, int], tuple[int, int]] = {}
         self.waiters: dict[tuple[int, int], list[_Tb]] = defaultdict(list)
         self.fifo: dict[tuple, deque] = defaultdict(deque)  # messages sent, not yet consumed
         self.window_waiter: dict[tuple, _Tb] = {}
         self.recv_waiter: dict[tuple, _Tb] = {}
-        self.active: dict[Hashable, set[_Message]] = defaultdict(set)
-        # a resource whose messages use it alone (a ring link; a port in a quotient run) is a
-        # processor-sharing queue: [virtual bytes served per message, when, heap of (virtual
-        # finish, seq, message), version], so a start or finish reschedules one event, not all
-        self.shared: dict[Hashable, list] = {}
-        self.capacity: dict[Hashable, float] = {}
-        self.busy_since: dict[Hashable, float] = {}
-        self.busy_time: dict[Hashable, float] = defaultdict(float)
-        self.dim_bytes = [0.0] * topology.ndims
         self.intervals: list[Interval] = []
-        self.link_cache: dict[tuple[int, int], tuple] = {}
         self.recv_queues: dict[tuple[int, int], tuple] = {}
         for gpu in program.gpus:
             for tb in gpu.threadblocks:
@@ -204,10 +192,12 @@ class _Simulator:
                 self.progress[t.key] = (0, -1)
         self.last_done = 0.0
 
-    # -- events
-    def schedule(self, time: float, kind: str, obj: Any, version: int = 0) -> None:
-        self.seq += 1
-        heapq.heappush(self.events, (time, self.seq, kind, obj, version))
+    @property
+    def now(self) -> float:
+        return self.net.now
+
+    def schedule(self, time: float, kind: str, obj: Any) -> None:
+        self.net.schedule(time, kind, obj)
 
     def run(self) -> float:
         start = self.topology.call_cost(self.program.protocol)  # every tb starts after the per-call cost
@@ -217,22 +207,22 @@ class _Simulator:
                 self.progress[tb.key] = (self.iterations, -1)
             else:
                 self.schedule(start, "try", tb)
-        while self.events:
-            time, _seq, kind, obj, version = heapq.heappop(self.events)
-            self.now = time
+        net = self.net
+        periodic = Periodic(self) if self.shortcut else None
+        self.periodic = periodic
+        reference = periodic.reference if periodic is not None and periodic.enabled else None
+        while net.events:
+            time, _seq, kind, obj, version = heapq.heappop(net.events)
+            net.now = time
             if kind == "try":
                 self.advance(obj)
-            elif kind == "latency":
-                self.start_transfer(obj)
-            elif kind == "transfer":
-                if obj.version == version and not obj.arrived:
-                    self.finish_transfer(obj)
-            elif kind == "shared":
-                if self.shared[obj][3] == version:
-                    self.finish_shared(obj)
             elif kind == "local":
                 if self.complete_step(obj):
                     self.advance(obj)
+            else:
+                net.handle(kind, obj, version)
+            if reference is not None and reference.iteration > periodic.seen:  # type: ignore[union-attr]
+                periodic.check()  # type: ignore[union-attr]
         stuck = [t for t in self.tbs.values() if not t.done]
         if stuck:
             t = min(stuck, key=lambda x: x.key)
@@ -358,103 +348,20 @@ class _Simulator:
         return True
 
     # -- messages
-    def link(self, a: int, b: int) -> tuple:
-        key = (a, b)
-        if key not in self.link_cache:
-            res = self.topology.link_resources(a, b)
-            if res is None:
-                raise SimulationError(f"no link between rank {a} and rank {b} in topology {self.topology.label}", 2)
-            d = self.topology.link_dimension(a, b)
-            if self.quotient:
-                # every rank's ingress port carries the mirror image of its egress traffic
-                res = tuple((r, cap) for r, cap in res if r[0] != "in")
-            resources = tuple(r for r, _cap in res)
-            for r, cap in res:
-                self.capacity[r] = cap * 1e3  # bytes per microsecond
-            self.link_cache[key] = (resources, d, self.topology.dimensions[d].alpha(self.program.protocol))
-        return self.link_cache[key]
-
     def send_message(self, tb: _Tb, st: Step, conn: tuple) -> None:
-        resources, dim, alpha = self.link(tb.rank, tb.send)
-        wire = self.step_bytes(st) / self.efficiency
-        msg = _Message(tb, conn, resources, wire, dim)
+        try:
+            resources, dim, alpha = self.net.link(tb.rank, tb.send)
+        except ValueError as exc:
+            raise SimulationError(str(exc), 2) from None
+        msg = _Message(tb, conn, resources, self.step_bytes(st) / self.efficiency, dim, alpha)
         msg.src, msg.dst = tb.rank, tb.send
         msg.iteration, msg.offset, msg.cnt = tb.iteration, st.srcoff if st.srcoff >= 0 else st.dstoff, st.cnt
         self.fifo[conn].append(msg)
-        self.dim_bytes[dim] += wire
         tb.waiting_message = msg
-        self.schedule(self.now + alpha, "latency", msg)
+        self.net.send(msg)
 
-    def start_transfer(self, msg: _Message) -> None:
-        msg.start = self.now
-        if msg.remaining <= 0:
-            self.arrive(msg)
-            return
-        if len(msg.resources) == 1:
-            r = msg.resources[0]
-            queue = self.shared.get(r)
-            if queue is None:
-                queue = self.shared[r] = [0.0, self.now, [], 0]
-            self.serve(r, queue)
-            if not queue[2]:
-                self.busy_since[r] = self.now
-            self.seq += 1
-            heapq.heappush(queue[2], (queue[0] + msg.remaining, self.seq, msg))
-            self.next_finish(r, queue)
-            return
-        for r in msg.resources:
-            if not self.active[r]:
-                self.busy_since[r] = self.now
-            self.active[r].add(msg)
-        self.reschedule({m for r in msg.resources for m in self.active[r]})
-
-    def finish_transfer(self, msg: _Message) -> None:
-        for r in msg.resources:
-            self.active[r].discard(msg)
-            if not self.active[r]:
-                self.busy_time[r] += self.now - self.busy_since.pop(r)
-        msg.remaining = 0.0
-        affected = {m for r in msg.resources for m in self.active[r]}
-        self.arrive(msg)
-        self.reschedule(affected)
-
-    def serve(self, r: Hashable, queue: list) -> None:
-        """Bring a shared resource's virtual time up to now: each of its n messages got
-        capacity / n bytes per microsecond since the last change."""
-        if queue[2]:
-            queue[0] += (self.now - queue[1]) * self.capacity[r] / len(queue[2])
-        queue[1] = self.now
-
-    def next_finish(self, r: Hashable, queue: list) -> None:
-        queue[3] += 1
-        if queue[2]:
-            left = max(0.0, queue[2][0][0] - queue[0])
-            self.schedule(self.now + left * len(queue[2]) / self.capacity[r], "shared", r, queue[3])
-
-    def finish_shared(self, r: Hashable) -> None:
-        """The message of a shared resource with the least bytes left has moved them all."""
-        queue = self.shared[r]
-        self.serve(r, queue)
-        _v, _seq, msg = heapq.heappop(queue[2])
-        if not queue[2]:
-            self.busy_time[r] += self.now - self.busy_since.pop(r)
-        msg.remaining = 0.0
-        self.next_finish(r, queue)
-        self.arrive(msg)
-
-    def reschedule(self, messages: set[_Message]) -> None:
-        """Bring each message's bytes up to date and give it its new rate and end time."""
-        for m in messages:
-            if m.rate > 0:
-                m.remaining = max(0.0, m.remaining - m.rate * (self.now - m.since))
-            m.rate = min(self.capacity[r] / len(self.active[r]) for r in m.resources)
-            m.since = self.now
-            m.version += 1
-            self.schedule(self.now + m.remaining / m.rate, "transfer", m, m.version)
-
-    def arrive(self, msg: _Message) -> None:
-        msg.arrived = True
-        msg.arrival = self.now
+    def arrive(self, msg: Message) -> None:
+        assert isinstance(msg, _Message)
         if self.record:
             msg.record_index = len(self.intervals)
             self.intervals.append(Interval(msg.start, self.now, msg.src, msg.dst, msg.dim, msg.iteration,
@@ -516,25 +423,25 @@ def simulate_exact(program: Program, topology: Topology, nbytes: int) -> SimResu
     return simulate(program, topology, nbytes)
 
 
-def simulate(program: Program, topology: Topology, nbytes: int, record: bool = False, quotient: bool = False) -> SimResult:
+def simulate(program: Program, topology: Topology, nbytes: int, record: bool = False, quotient: bool = False,
+             shortcut: bool = True) -> SimResult:
     """Time one call of nbytes (the nccl-tests size: all-reduce buffer, reduce-scatter input,
     all-gather output) of `program` on `topology`.
 
     `quotient` runs rank 0 alone (a program from lower(plan, ranks=[0])): exact when every
     rank runs rank 0's schedule shifted by its coordinates (`symmetric`; `simulate_exact`
-    checks it), an estimate otherwise. Raises SimulationError for an illegal link or a deadlock.
+    checks it), an estimate otherwise. `shortcut` skips whole periods of the replays' steady
+    state, exactly (period.py); False replays every iteration. Raises SimulationError for an
+    illegal link or a deadlock.
     """
-    sim = _Simulator(program, topology, nbytes, record, quotient)
+    sim = _Simulator(program, topology, nbytes, record, quotient, shortcut)
     time = sim.run()
     bound = lower_bound(topology, program.collective, nbytes)
     n = topology.nranks
     senders = 1 if quotient else n
-    dims = []
-    for d in range(topology.ndims):
-        keys = [r for r in sim.capacity if (r[0] == "link" and topology.link_dimension(r[1], r[2]) == d)
-                or (r[0] in ("out", "in") and r[2] == d)]
-        busy = sum(sim.busy_time[r] for r in keys) / (len(keys) * time) if keys and time > 0 else 0.0
-        dims.append(DimensionUsage(topology.dim_name(d), sim.dim_bytes[d] / senders, busy))
+    busy = sim.net.busy_fractions(time)
+    dims = [DimensionUsage(topology.dim_name(d), sim.net.dim_bytes[d] / senders, busy[d]) for d in range(topology.ndims)]
     return SimResult(program.collective, nbytes, n, time, None if bound is None else bound.total_us,
                      sim.iterations, tuple(dims), tuple(sim.intervals),
-                     one_protocol_bound_us(topology, program.collective, nbytes))
+                     one_protocol_bound_us(topology, program.collective, nbytes),
+                     sim.periodic.skipped if sim.periodic is not None else 0)

@@ -17,7 +17,7 @@ ranks are linked (cost-model.md sections 1-2).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Hashable, Literal, Mapping
 

@@ -189,14 +189,18 @@ class Network:
         self.arrive(msg)
 
     def reschedule(self, messages: set[Message]) -> None:
-        """Bring each message's bytes up to date and give it its new rate and end time."""
+        """Bring each message whose rate changed up to date, with its new rate and end time."""
+        capacity, active, now = self.capacity, self.active, self.now
         for m in sorted(messages, key=_order) if len(messages) > 1 else messages:
+            rate = m.scale * min(capacity[r] / len(active[r]) for r in m.resources)
+            if rate == m.rate:
+                continue  # its end time stands
             if m.rate > 0:
-                m.remaining = max(0.0, m.remaining - m.rate * (self.now - m.since))
-            m.rate = m.scale * min(self.capacity[r] / len(self.active[r]) for r in m.resources)
-            m.since = self.now
+                m.remaining = max(0.0, m.remaining - m.rate * (now - m.since))
+            m.rate = rate
+            m.since = now
             m.version += 1
-            self.schedule(self.now + m.remaining / m.rate, "transfer", m, m.version)
+            self.schedule(now + m.remaining / rate, "transfer", m, m.version)
 
     def arrive(self, msg: Message) -> None:
         msg.arrived = True

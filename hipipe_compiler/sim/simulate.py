@@ -34,6 +34,21 @@ from .network import Message, Network
 from .period import Periodic
 
 
+@dataclass(frozen=True)
+class Replay:
+    """How the runtime slices a call and how many messages a connection holds: the MSCCL
+    runtime's by protocol (cost-model.md 3), or another runtime's (NCCL's tree, say)."""
+
+    slice_bytes: int  # data bytes of a chunk one iteration moves, at most
+    window: int  # messages outstanding on a connection before a send waits
+    engine_GBps: float | None = None  # a cap on the wire bytes each rank's sends move together
+    eager: bool = False  # a send completes once posted (NCCL's kernels), not when it arrives (MSCCL)
+
+    @classmethod
+    def msccl(cls, protocol: str) -> "Replay":
+        return cls(SLICE_BYTES[protocol], FIFO_MESSAGES[protocol])
+
+
 class SimulationError(Exception):
     """The program cannot run on this topology: an illegal link, or a deadlock."""
 
@@ -149,7 +164,7 @@ class _Tb:
 
 class _Simulator:
     def __init__(self, program: Program, topology: Topology, nbytes: int, record: bool, quotient: bool = False,
-                 shortcut: bool = True) -> None:
+                 shortcut: bool = True, replay: Replay | None = None) -> None:
         if program.ngpus != topology.nranks:
             raise SimulationError(f"the program is for {program.ngpus} ranks but the topology has {topology.nranks}", 2)
         self.quotient = quotient
@@ -162,10 +177,13 @@ class _Simulator:
         self.shortcut = shortcut  # skip the replays' periodic steady state (period.py)
         self.periodic: Periodic | None = None
         chunk = nbytes / program.nchunksperloop
-        self.iterations = max(1, math.ceil(chunk / SLICE_BYTES[program.protocol])) if nbytes > 0 else 1
+        replay = replay or Replay.msccl(program.protocol)
+        self.iterations = max(1, math.ceil(chunk / replay.slice_bytes)) if nbytes > 0 else 1
         self.chunk_slice = chunk / self.iterations  # data bytes one chunk moves per iteration
         self.efficiency = WIRE_EFFICIENCY[program.protocol]
-        self.window = FIFO_MESSAGES[program.protocol]  # messages outstanding before a send waits
+        self.window = replay.window  # messages outstanding before a send waits
+        self.engine = replay.engine_GBps
+        self.eager = replay.eager
         self.g = topology.reduce_bandwidth * 1e3 if topology.reduce_bandwidth else None  # bytes per us
         self.net = Network(topology, program.protocol, quotient)
         self.net.on_arrival = self.arrive
@@ -314,6 +332,10 @@ class _Simulator:
                 self.window_waiter[conn] = tb
                 return False
             self.send_message(tb, st, conn)
+            if self.eager:
+                tb.waiting_message = None  # posted: the threadblock moves on while it travels
+                tb.phase = "finish"
+                return self.complete_step(tb)
             tb.phase = "await"
             return False
         if tb.phase == "finish":
@@ -353,6 +375,10 @@ class _Simulator:
             resources, dim, alpha = self.net.link(tb.rank, tb.send)
         except ValueError as exc:
             raise SimulationError(str(exc), 2) from None
+        if self.engine is not None:
+            engine = ("engine", tb.rank)
+            self.net.add_resource(engine, self.engine)
+            resources = (*resources, engine)
         msg = _Message(tb, conn, resources, self.step_bytes(st) / self.efficiency, dim, alpha)
         msg.src, msg.dst = tb.rank, tb.send
         msg.iteration, msg.offset, msg.cnt = tb.iteration, st.srcoff if st.srcoff >= 0 else st.dstoff, st.cnt
@@ -424,7 +450,7 @@ def simulate_exact(program: Program, topology: Topology, nbytes: int) -> SimResu
 
 
 def simulate(program: Program, topology: Topology, nbytes: int, record: bool = False, quotient: bool = False,
-             shortcut: bool = True) -> SimResult:
+             shortcut: bool = True, replay: Replay | None = None) -> SimResult:
     """Time one call of nbytes (the nccl-tests size: all-reduce buffer, reduce-scatter input,
     all-gather output) of `program` on `topology`.
 
@@ -432,9 +458,10 @@ def simulate(program: Program, topology: Topology, nbytes: int, record: bool = F
     rank runs rank 0's schedule shifted by its coordinates (`symmetric`; `simulate_exact`
     checks it), an estimate otherwise. `shortcut` skips whole periods of the replays' steady
     state, exactly (period.py); False replays every iteration. Raises SimulationError for an
-    illegal link or a deadlock.
+    illegal link or a deadlock. `replay` replaces the MSCCL runtime's slices and connection
+    windows (for NCCL's own algorithms, which it times too).
     """
-    sim = _Simulator(program, topology, nbytes, record, quotient, shortcut)
+    sim = _Simulator(program, topology, nbytes, record, quotient, shortcut, replay)
     time = sim.run()
     bound = lower_bound(topology, program.collective, nbytes)
     n = topology.nranks

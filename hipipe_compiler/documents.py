@@ -112,14 +112,19 @@ def load_document(path: str | Path) -> Any:
             raw = fh.read(MAX_DOCUMENT_BYTES + 1)  # a device such as /dev/zero has no size to check first
         if len(raw) > MAX_DOCUMENT_BYTES:
             raise InputError(source, None, f"file is larger than {MAX_DOCUMENT_BYTES >> 20} MiB")
-        text = raw.decode("utf-8")
     except InputError:
         raise
-    except UnicodeDecodeError:
-        raise InputError(source, None, "expected UTF-8 text") from None
     except OSError as exc:
         raise InputError(source, None, f"cannot read file: {exc.strerror or exc}") from None
-    kind = "JSON" if path.suffix.lower() == ".json" else "YAML"
+    return parse_document(raw, source, "JSON" if path.suffix.lower() == ".json" else "YAML")
+
+
+def parse_document(raw: bytes, source: str, kind: str = "YAML") -> Any:
+    """Parse the bytes of a YAML or JSON document; InputError names `source`."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(source, None, "expected UTF-8 text") from None
     try:
         if kind == "JSON":
             data = json.loads(text, object_pairs_hook=_json_pairs)

@@ -23,7 +23,7 @@ from typing import Any, Hashable, Literal, Mapping
 
 from .documents import validate_document
 from .errors import InputError
-from .hardware import MAX_LATENCY, NETWORK, NVLINK, PCIE, PROTOCOLS, Latencies, gpu_model, latency_value, link_latencies, per_protocol
+from .hardware import MAX_LATENCY, PROTOCOLS, Latencies, gpu_model, latency_value, link_latencies, per_protocol
 
 Kind = Literal["ring", "switch"]
 #: CPU vendors NCCL's tuning distinguishes (its LL bandwidth caps and network overhead).
@@ -73,7 +73,8 @@ class Dimension:
 
     `link` names the link type (nvlink, pcie, network): where `latency` is left out, the
     type's default latencies apply (cost-model.md section 1). `nvls` declares in-switch
-    reduction on a switch (cost-model.md section 5).
+    reduction on a switch (cost-model.md section 5). `rated_bandwidth` is what the hardware is
+    rated at where a calibration found `bandwidth` to differ: NCCL decides from the rating.
     """
 
     size: int
@@ -83,6 +84,7 @@ class Dimension:
     name: str = ""
     link: str | None = None
     nvls: Nvls | None = None
+    rated_bandwidth: float | None = None  # GB/s the hardware is rated at, what NCCL's search sees
 
     def __post_init__(self) -> None:
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 2:
@@ -92,6 +94,9 @@ class Dimension:
         if not _bandwidth(self.bandwidth):
             raise InputError(None, "bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} (GB/s), "
                              f"got {self.bandwidth!r}")
+        if self.rated_bandwidth is not None and not _bandwidth(self.rated_bandwidth):
+            raise InputError(None, "rated_bandwidth", f"expected a number from {MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} "
+                             f"(GB/s), got {self.rated_bandwidth!r}")
         if self.link is not None:
             link_latencies(self.link)
         if self.latency is None:
@@ -126,8 +131,15 @@ class Dimension:
     def document(self) -> dict[str, Any]:
         """The dimension in the file format of schemas/topology.schema.json."""
         return {**({"name": self.name} if self.name else {}), "size": self.size, "kind": self.kind,
-                "bandwidth": self.bandwidth, **({"link": self.link} if self.link else {}),
+                "bandwidth": self.bandwidth,
+                **({"rated_bandwidth": self.rated_bandwidth} if self.rated_bandwidth is not None else {}),
+                **({"link": self.link} if self.link else {}),
                 "latency": self.latency_document(), **({"nvls": self.nvls.document()} if self.nvls else {})}
+
+    @property
+    def rating(self) -> float:
+        """The bandwidth the hardware is rated at (NCCL's view), the effective one where none is given."""
+        return self.bandwidth if self.rated_bandwidth is None else self.rated_bandwidth
 
     @property
     def uses_both_directions(self) -> bool:
@@ -160,6 +172,7 @@ class Topology:
     call_latency: float | Latencies | None = None  # µs every call pays once (cost-model.md 1); None: 0
     gpu: str | None = None  # a GPU model (hardware.GPU_MODELS) or compute capability, for NCCL's model
     cpu: str | None = None  # the hosts' CPU vendor, one of CPUS: NCCL's tuning tables depend on it
+    nccl_channel_scale: float | None = None  # NCCL's channels move this times what its tables say (calibrated)
     _strides: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -178,6 +191,10 @@ class Topology:
             object.__setattr__(self, "call_latency", Latencies.coerce(self.call_latency, "call_latency"))
         if self.gpu is not None:
             gpu_model(self.gpu)
+        if self.nccl_channel_scale is not None and not (
+                isinstance(self.nccl_channel_scale, (int, float)) and not isinstance(self.nccl_channel_scale, bool)
+                and 0.01 <= self.nccl_channel_scale <= 100):
+            raise InputError(None, "nccl_channel_scale", f"expected a number from 0.01 to 100, got {self.nccl_channel_scale!r}")
         if self.cpu is not None and self.cpu not in CPUS:
             raise InputError(None, "cpu", f"expected one of {', '.join(CPUS)}, got {self.cpu!r}")
 
@@ -341,6 +358,8 @@ class Topology:
             doc["gpu"] = self.gpu
         if self.cpu is not None:
             doc["cpu"] = self.cpu
+        if self.nccl_channel_scale is not None:
+            doc["nccl_channel_scale"] = self.nccl_channel_scale
         if self.call_latency is not None:
             doc["call_latency"] = (self.call_latency.document() if isinstance(self.call_latency, Latencies)
                                    else self.call_latency)
@@ -360,7 +379,8 @@ def topology_from_document(doc: Any, source: str | None = None) -> Topology:
     for i, d in enumerate(doc["dimensions"]):
         try:
             dims.append(Dimension(size=d["size"], kind=d["kind"], bandwidth=d["bandwidth"], latency=d.get("latency"),
-                                  name=d.get("name", ""), link=d.get("link"), nvls=d.get("nvls")))
+                                  name=d.get("name", ""), link=d.get("link"), nvls=d.get("nvls"),
+                                  rated_bandwidth=d.get("rated_bandwidth")))
         except InputError as exc:
             raise InputError(source, f"dimensions[{i}].{exc.field}", exc.message) from None
     names = [d.name for d in dims if d.name]
@@ -368,6 +388,7 @@ def topology_from_document(doc: Any, source: str | None = None) -> Topology:
         raise InputError(source, "dimensions", "expected distinct dimension names")
     try:
         return Topology(tuple(dims), name=doc.get("name", ""), reduce_bandwidth=doc.get("reduce_bandwidth"),
-                        call_latency=doc.get("call_latency"), gpu=doc.get("gpu"), cpu=doc.get("cpu"))
+                        call_latency=doc.get("call_latency"), gpu=doc.get("gpu"), cpu=doc.get("cpu"),
+                        nccl_channel_scale=doc.get("nccl_channel_scale"))
     except InputError as exc:
         raise InputError(source, exc.field, exc.message) from None

@@ -7,10 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.topology import NETWORK, Dimension, Topology, topology_from_document
+from hipipe_compiler.hardware import NETWORK
+from hipipe_compiler.topology import Dimension, Topology, topology_from_document
 from hipipe_compiler.presets import PRESETS, load_topology, preset
 
-from conftest import SAMPLES, topologies
+from conftest import SAMPLES, topologies, c1p
 
 
 @given(topologies(max_ranks=256))
@@ -66,7 +67,7 @@ def test_link_rule_examples():
     assert torus.has_link(0, 1) and torus.has_link(0, 3) and torus.has_link(0, 4)
     assert not torus.has_link(0, 2)  # two hops along x
     assert not torus.has_link(0, 5)  # diagonal
-    dgx = preset("dgx-h100-8x4")
+    dgx = c1p(4)
     assert dgx.has_link(0, 13)  # rail-connected fabric reaches any rank of another node
     assert dgx.link_latency(0, 13) == 14.0 and dgx.link_latency(0, 7) == 3.4  # Simple, NCCL's estimates
     assert dgx.link_latency(0, 13, "LL") == 2.7 and dgx.link_latency(0, 7, "LL128") == 1.9
@@ -195,6 +196,53 @@ def test_bad_latencies_name_the_field(tmp_path, latency, field, words):
 def test_presets_of_real_machines_carry_nccls_latencies():
     for name in ("dgx-h100-8x4", "dgx-h100-8x16", "pod-8x4x8x4"):
         assert all(d.per_protocol for d in preset(name).dimensions), name
-    assert preset("dgx-h100-8x4").dimensions[1].latency == NETWORK
+    assert c1p(4).dimensions[1].latency == NETWORK
     for name in ("torus-4x4", "torus-4x4x4", "ring-fc-switch-2x8x4"):  # the scalar grid's shapes stay scalar
         assert not any(d.per_protocol for d in preset(name).dimensions), name
+
+
+def test_the_cost_models_new_fields_read_and_write_back(tmp_path):
+    text = """name: m
+gpu: H100
+cpu: amd
+call_latency: {LL: 6.6, LL128: 14, Simple: 8.4}
+nccl_channel_scale: 0.9
+dimensions:
+  - {name: nvlink, size: 8, kind: switch, bandwidth: 360, rated_bandwidth: 370.8, link: nvlink, nvls: {efficiency: 0.85, call_latency: 10}}
+  - {name: ib, size: 2, kind: switch, bandwidth: 50, link: network, latency: 5}
+"""
+    path = tmp_path / "m.yaml"
+    path.write_text(text)
+    topo = load_topology(path)
+    nvlink, ib = topo.dimensions
+    assert (topo.call_cost("LL"), topo.call_cost("Simple"), topo.gpu, topo.cpu, topo.nccl_channel_scale) == (6.6, 8.4, "H100", "amd", 0.9)
+    assert nvlink.alpha("LL128") == 1.9 and nvlink.rating == 370.8 and ib.rating == 50  # the link's defaults
+    assert ib.alpha("LL") == 5  # a latency given wins over the link type's
+    assert (nvlink.nvls.efficiency, nvlink.nvls.call_latency, topo.nvls_dimensions) == (0.85, 10, (0,))
+    again = tmp_path / "again.json"
+    again.write_text(json.dumps(topo.to_document()))
+    assert load_topology(again) == topo
+    assert Topology((Dimension(4, "ring", 10, 1.0),)).call_cost("LL") == 0.0  # no call_latency: calls cost nothing more
+
+
+@pytest.mark.parametrize("dimension,top,field,words", [
+    ('{size: 8, kind: switch, bandwidth: 3}', "", "dimensions[0].latency", "missing"),
+    ('{size: 8, kind: ring, bandwidth: 3, link: nvlink, nvls: {efficiency: 0.8}}', "", "dimensions[0].nvls", "switch"),
+    ('{size: 8, kind: switch, bandwidth: 3, link: nvlink, nvls: {efficiency: 1.5}}', "", "efficiency", "<= 1"),
+    ('{size: 8, kind: switch, bandwidth: 3, link: infiniband}', "", "link", "nvlink"),
+    ('{size: 8, kind: switch, bandwidth: 3, link: nvlink}', "gpu: Z80\n", "gpu", "GPU model"),
+    ('{size: 8, kind: switch, bandwidth: 3, link: nvlink}', "cpu: risc\n", "cpu", "intel"),
+    ('{size: 8, kind: switch, bandwidth: 3, link: nvlink}', "call_latency: {LL: 1}\n", "call_latency", "LL128"),
+    ('{size: 8, kind: switch, bandwidth: 3, link: nvlink}', "nccl_channel_scale: 0\n", "nccl_channel_scale", "0.01"),
+])
+def test_bad_new_fields_name_the_field(tmp_path, dimension, top, field, words):
+    path = tmp_path / "t.yaml"
+    path.write_text(f"{top}dimensions:\n  - {dimension}\n")
+    with pytest.raises(InputError) as err:
+        load_topology(path)
+    assert str(err.value).startswith(str(path)) and field in str(err.value) and words in str(err.value)
+
+
+def test_a_machine_keeps_its_node_shape_with_other_node_counts():
+    topo = Topology((Dimension(8, "switch", 370.8, link="nvlink"), Dimension(2, "switch", 50, link="network")), name="x")
+    assert topo.with_outer_size(64).shape == (8, 64) and topo.with_outer_size(1).shape == (8,)

@@ -28,7 +28,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import InputError, PlanError
-from ..hardware import NETWORK, NVLINK, PROTOCOLS, Latencies, gpu_model
+from ..hardware import NVLINK, PROTOCOLS, Latencies, gpu_model
 from ..topology import Dimension, Nvls, Topology
 from .logs import TestLog, same_machine
 from .timing import NcclRun, NcclTimer
@@ -50,11 +50,11 @@ GAIN = 1e-3
 #: bandwidths from that one (the per-call costs' are exact everywhere).
 LATENCY_UP_TO = 256 << 20
 BANDWIDTH_FROM_BYTES = 64 << 10
-#: Sizes above this are left out of the fit's inner loop when the log has at least two rows
-#: between BANDWIDTH_FROM and it: beyond, the pipeline only repeats its steady state, and
-#: each simulation takes long. The report times them all.
+#: Sizes above this are left out of the fit when the log has a row between BANDWIDTH_FROM and
+#: it: beyond, the pipeline only repeats its steady state, and each simulation takes long.
+#: The report times them all.
 FIT_UP_TO = 1 << 30
-BANDWIDTH_FROM = 256 << 20
+BANDWIDTH_FROM = 64 << 20
 #: NCCL's base latencies of its ring (tuning.cc baseLat): the default per-call costs.
 NCCL_CALL = Latencies(6.6, 14.0, 8.4)
 #: NCCL's NVLS latency on one node (hwLat NVLINK NVLS Simple): a call pays the per-call cost,
@@ -133,6 +133,7 @@ def quantities(topology: Topology, machine: Machine) -> list[Quantity]:
                                 1e-3, 1e4))
     for p in PROTOCOLS:
         out.append(Quantity(f"call latency {p}", "call", None, p, max(topology.call_cost(p), 0.1), 1e-3, 1e4))
+    out.append(Quantity("NCCL channel throughput", "engine", None, None, topology.nccl_channel_scale or 1.0, 0.2, 5.0))
     return out
 
 
@@ -141,20 +142,24 @@ def apply(topology: Topology, qs: Sequence[Quantity], values: Sequence[float]) -
     dims = list(topology.dimensions)
     alphas: dict[int, dict[str, float]] = {}
     call = {p: topology.call_cost(p) for p in PROTOCOLS}
+    engine = topology.nccl_channel_scale
     for q, v in zip(qs, values):
         if q.group.startswith("bandwidth"):
-            dims[q.dim] = replace(dims[q.dim], bandwidth=float(v))  # type: ignore[index]
+            # NCCL keeps deciding from the hardware's rating, whatever bandwidth the fit finds
+            dims[q.dim] = replace(dims[q.dim], bandwidth=float(v), rated_bandwidth=dims[q.dim].rating)  # type: ignore[index]
         elif q.group.startswith("alpha"):
             alphas.setdefault(q.dim, {p: dims[q.dim].alpha(p) for p in PROTOCOLS})[q.protocol] = float(v)  # type: ignore[index]
         elif q.group == "nvls":
             dims[0] = replace(dims[0], nvls=replace(dims[0].nvls, efficiency=float(v)))  # type: ignore[arg-type]
         elif q.group == "nvls_call":
             dims[0] = replace(dims[0], nvls=replace(dims[0].nvls, call_latency=float(v)))  # type: ignore[arg-type]
+        elif q.group == "engine":
+            engine = float(v)
         else:
             call[q.protocol] = float(v)  # type: ignore[index]
     for d, values_by_protocol in alphas.items():
         dims[d] = replace(dims[d], latency=Latencies(**values_by_protocol))
-    return replace(topology, dimensions=tuple(dims), call_latency=Latencies(**call))
+    return replace(topology, dimensions=tuple(dims), call_latency=Latencies(**call), nccl_channel_scale=engine)
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,13 @@ def _time_point(job: tuple) -> NcclRun:
     return timer.pick(nbytes, algorithms, protocols)
 
 
+def weight(nbytes: int) -> float:
+    """How much a measured time counts in the fit: the bandwidth-bound sizes most (their
+    times are the most stable and the model is held to 10 % there), then the sizes from a
+    MiB, and least the smallest, whose times are mostly one per-call cost."""
+    return 2.0 if nbytes >= 64 << 20 else 1.0 if nbytes >= 1 << 20 else 0.5
+
+
 class _Evaluator:
     """Predicts the points of the logs on a topology, on every core."""
 
@@ -218,7 +230,7 @@ class _Evaluator:
         self.points: list[tuple[TestLog, int, float]] = []
         for log in machine.logs:
             rows = list(log.rows)
-            if fit_only and sum(1 for r in rows if BANDWIDTH_FROM <= r.nbytes <= FIT_UP_TO) >= 2:
+            if fit_only and any(BANDWIDTH_FROM <= r.nbytes <= FIT_UP_TO for r in rows):
                 rows = [r for r in rows if r.nbytes <= FIT_UP_TO]
             self.points.extend((log, r.nbytes, r.time_us) for r in rows)
         self.pool = pool
@@ -231,12 +243,12 @@ class _Evaluator:
     def runs(self, topology: Topology, picks: Sequence[tuple[str, str]] | None = None,
              only: Sequence[int] | None = None) -> list[NcclRun]:
         """Each point (or the `only` ones) as NCCL runs it on `topology`: the algorithm and
-        protocol the log forced or NCCL picks (or `picks`, held while taking derivatives)."""
+        protocol the log forced or NCCL picks (or `picks`, one per point run, held while
+        taking derivatives)."""
         chosen = range(len(self.points)) if only is None else only
         jobs = [(self.topology_for(topology, self.points[i][0]), self.points[i][0].collective, self.points[i][1],
-                 [self.points[i][0].algorithm] if self.points[i][0].algorithm else None,
-                 [self.points[i][0].protocol] if self.points[i][0].protocol else None,
-                 None if picks is None else picks[i]) for i in chosen]
+                 self.points[i][0].algorithms, self.points[i][0].protocols,
+                 None if picks is None else picks[k]) for k, i in enumerate(chosen)]
         self.simulations += len(jobs)
         try:
             if self.pool is None:
@@ -281,58 +293,171 @@ def calibrate(logs: Sequence[TestLog], base: Topology | None = None, net_GBps: f
         u = _fit(start, qs, evaluator, progress)
         fitted_topology = apply(start, qs, np.exp(u))
         report = _Evaluator(machine, fit_only=False, pool=pool)
-        final = report.runs(fitted_topology)
-    points = tuple(Point(log.source, log.collective, log.nodes, n, t, r.time_us, r.label)
-                   for (log, n, t), r in zip(report.points, final))
-    fitted = tuple(Fitted(q, float(v), bool(s > MOVES)) for q, v, s in zip(qs, np.exp(u), evaluator.sensitivity))
+        points = _predicted(report, fitted_topology)
+    moved = np.abs(u - np.log([q.prior for q in qs])) > 0.01
+    fitted = tuple(Fitted(q, float(v), bool(s > MOVES or m)) for q, v, s, m in zip(qs, np.exp(u), evaluator.sensitivity, moved))
     return Calibration(fitted_topology, fitted, points, evaluator.simulations + report.simulations)
+
+
+def predict(topology: Topology, logs: Sequence[TestLog], source: str | None = None) -> tuple[Point, ...]:
+    """Every measured time of `logs` beside what NCCL, as simulated on `topology` (with as many
+    nodes as each log ran), takes: how well a calibrated machine predicts other runs. Errors
+    name `source`, the topology's file."""
+    machine = log_machines(logs)
+    source = source or topology.label
+    if machine.multi_node and topology.ndims < 2:
+        raise InputError(source, "dimensions", "expected a network dimension: some log spans nodes")
+    per_node = topology.nranks // topology.dimensions[-1].size if topology.ndims > 1 else topology.nranks
+    if per_node != machine.ppn:
+        raise InputError(source, "dimensions", f"expected {machine.ppn} ranks per node, as the logs ran; "
+                         f"the topology has {per_node}")
+    with _workers() as pool:
+        return _predicted(_Evaluator(machine, fit_only=False, pool=pool), topology)
+
+
+def _predicted(evaluator: _Evaluator, topology: Topology) -> tuple[Point, ...]:
+    runs = evaluator.runs(topology)
+    return tuple(Point(log.source, log.collective, log.nodes, n, t, r.time_us, r.label)
+                 for (log, n, t), r in zip(evaluator.points, runs))
+
+
+#: The fit's stages: bandwidths first, on the sizes bytes decide (Levenberg-Marquardt); then
+#: latencies and per-call costs on the sizes up to LATENCY_FIT_UP_TO, where a time is a sum of
+#: them (linear least squares); then everything on everything, a few steps. A single joint fit
+#: trades the few large sizes for the many small ones, and takes long.
+BANDWIDTH_GROUPS = ("bandwidth", "nvls", "engine")
+LATENCY_GROUPS = ("alpha", "call", "nvls_call")
+LATENCY_FIT_UP_TO = 32 << 20
+POLISH = 2
 
 
 def _fit(start: Topology, qs: Sequence[Quantity], evaluator: _Evaluator,
          progress: Callable[[int], None] | None) -> np.ndarray:
     """The log of each quantity at the fit's end."""
-    measured = np.log([t for _l, _n, t in evaluator.points])
     u = np.log([q.prior for q in qs])
+    sizes = np.array([n for _l, n, _t in evaluator.points])
+    evaluator.sensitivity = np.zeros(len(qs))
+    done = [0]
+
+    def tick(_i: int) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0])
+
+    def members(groups: tuple[str, ...]) -> list[int]:
+        return [j for j, q in enumerate(qs) if q.group.split(":")[0] in groups]
+    large = [i for i, n in enumerate(sizes) if n >= BANDWIDTH_FROM]
+    small = [i for i, n in enumerate(sizes) if n <= LATENCY_FIT_UP_TO]
+    if len(large) >= 2:
+        u = _stage(start, qs, evaluator, u, large, members(BANDWIDTH_GROUPS), tick)
+    if small:
+        for _round in range(2):  # the hop counts of the second round are those of the fitted latencies
+            u = _latencies(start, qs, evaluator, u, small, members(LATENCY_GROUPS))
+            tick(0)
+    return _stage(start, qs, evaluator, u, list(range(len(sizes))), list(range(len(qs))), tick, POLISH)
+
+
+def _latencies(start: Topology, qs: Sequence[Quantity], evaluator: _Evaluator, u: np.ndarray, points: list[int],
+               moving: list[int]) -> np.ndarray:
+    """Per-call costs and latencies by linear least squares: at these sizes a time is its
+    protocol's per-call cost, plus each dimension's latency times the hops of its longest
+    chain there (found by simulating with the latencies moved), plus what its bytes take."""
+    from scipy.optimize import lsq_linear
+
+    values = np.exp(u)
+    runs = evaluator.runs(apply(start, qs, values), None, points)
+    base = np.array([r.time_us for r in runs])
+    picks = [(r.algorithm, r.protocol) for r in runs]
+    hops: dict[int, np.ndarray] = {}
+    dims = sorted({qs[j].dim for j in moving if qs[j].group.startswith("alpha")})
+    for d in dims:
+        moved = values.copy()
+        for j, q in enumerate(qs):
+            if q.group == f"alpha:{d}":
+                moved[j] *= 1 + STEP
+        shifted = np.array([r.time_us for r in evaluator.runs(apply(start, qs, moved), picks, points)])
+        alpha = np.array([values[_index(qs, f"alpha:{d}", r.protocol)] for r in runs])
+        hops[d] = (shifted - base) / (STEP * alpha)
+    measured = np.array([evaluator.points[i][2] for i in points])
+    a = np.zeros((len(points), len(moving)))
+    known = base.copy()
+    for col, j in enumerate(moving):
+        q = qs[j]
+        for row, r in enumerate(runs):
+            if q.group == "call" and r.protocol == q.protocol:
+                a[row, col] = 1.0
+            elif q.group == "nvls_call" and r.algorithm in ("nvls", "nvlstree"):
+                a[row, col] = 1.0
+            elif q.group.startswith("alpha") and r.protocol == q.protocol:
+                a[row, col] = hops[q.dim][row]  # type: ignore[index]
+        known -= a[:, col] * values[j]  # what the bytes take, left when the latencies are taken away
+    scale = 1 / measured * np.array([weight(evaluator.points[i][1]) for i in points])
+    prior = np.array([qs[j].prior for j in moving])
+    lhs = np.vstack([a * scale[:, None], PRIOR_WEIGHT * np.diag(1 / prior)])
+    rhs = np.concatenate([(measured - known) * scale, PRIOR_WEIGHT * np.ones(len(moving))])
+    bounds = (np.array([qs[j].lower for j in moving]), np.array([qs[j].upper for j in moving]))
+    solution = lsq_linear(lhs, rhs, bounds=bounds).x
+    evaluator.sensitivity[moving] = np.maximum(evaluator.sensitivity[moving],
+                                               np.max(np.abs(a) * solution / np.maximum(measured, 1e-9)[:, None], axis=0))
+    out = u.copy()
+    out[moving] = np.log(np.maximum(solution, 1e-9))
+    return out
+
+
+def _index(qs: Sequence[Quantity], group: str, protocol: str) -> int:
+    return next(j for j, q in enumerate(qs) if q.group == group and q.protocol == protocol)
+
+
+def _stage(start: Topology, qs: Sequence[Quantity], evaluator: _Evaluator, u: np.ndarray, points: list[int],
+           moving: list[int], progress: Callable[[int], None], iterations: int = ITERATIONS) -> np.ndarray:
+    """Levenberg-Marquardt on the `moving` quantities against the measured times of `points`."""
+    measured = np.log([evaluator.points[i][2] for i in points])
+    weights = np.array([weight(evaluator.points[i][1]) for i in points])
+    sizes = np.array([evaluator.points[i][1] for i in points])
     lo, hi = np.log([q.lower for q in qs]), np.log([q.upper for q in qs])
-    prior = u.copy()
+    prior = np.log([q.prior for q in qs])
+    sub = [qs[j] for j in moving]
 
     def predict(values: np.ndarray, picks=None, only=None) -> tuple[np.ndarray, list[NcclRun]]:
-        runs = evaluator.runs(apply(start, qs, np.exp(values)), picks, only)
+        full = u.copy()
+        full[moving] = values
+        chosen = points if only is None else [points[k] for k in only]
+        runs = evaluator.runs(apply(start, qs, np.exp(full)), picks, chosen)
         return np.log([r.time_us for r in runs]), runs
 
     def cost(pred: np.ndarray, values: np.ndarray) -> float:
-        return float(np.sum((pred - measured) ** 2) + PRIOR_WEIGHT ** 2 * np.sum((values - prior) ** 2))
+        return float(np.sum((weights * (pred - measured)) ** 2) + PRIOR_WEIGHT ** 2 * np.sum((values - prior[moving]) ** 2))
 
-    pred, runs = predict(u)
-    best = cost(pred, u)
-    damping = 0.05
-    failures = 0
-    sizes = np.array([n for _l, n, _t in evaluator.points])
+    x = u[moving].copy()
+    pred, runs = predict(x)
+    best = cost(pred, x)
+    damping, failures, fresh = 0.05, 0, True
     jac: np.ndarray | None = None
-    evaluator.sensitivity = np.zeros(len(qs))
-    for iteration in range(ITERATIONS):
+    for iteration in range(iterations):
         if jac is None:
-            jac = _jacobian(qs, u, pred, runs, [(r.algorithm, r.protocol) for r in runs], predict, sizes)
-            evaluator.sensitivity = np.maximum(evaluator.sensitivity, np.max(np.abs(jac), axis=0))
+            picks = [(r.algorithm, r.protocol) for r in runs]
+            jac = _jacobian(sub, x, pred, runs, picks,
+                            lambda v, held, only: predict(v, None if held is None else [held[k] for k in only], only),
+                            sizes)
+            evaluator.sensitivity[moving] = np.maximum(evaluator.sensitivity[moving], np.max(np.abs(jac), axis=0))
             fresh = True
-        residual = np.concatenate([pred - measured, PRIOR_WEIGHT * (u - prior)])
-        full = np.vstack([jac, PRIOR_WEIGHT * np.eye(len(qs))])
+        residual = np.concatenate([weights * (pred - measured), PRIOR_WEIGHT * (x - prior[moving])])
+        full = np.vstack([weights[:, None] * jac, PRIOR_WEIGHT * np.eye(len(moving))])
         normal = full.T @ full
         step = np.linalg.solve(normal + damping * np.diag(np.diag(normal) + 1e-12), -full.T @ residual)
         largest = float(np.max(np.abs(step)))
         if largest > MAX_STEP:  # a trust region: no quantity changes by more than e^MAX_STEP at once
             step *= MAX_STEP / largest
-        candidate = np.clip(u + step, lo, hi)
+        candidate = np.clip(x + step, lo[moving], hi[moving])
         cand_pred, cand_runs = predict(candidate)
         cand_cost = cost(cand_pred, candidate)
-        if progress is not None:
-            progress(iteration + 1)
+        progress(iteration + 1)
         if cand_cost < best:
             gain = (best - cand_cost) / max(best, 1e-12)
-            moved = candidate - u
+            moved = candidate - x
             # Broyden's update: the derivatives that explain the step's outcome
             jac = jac + np.outer((cand_pred - pred) - jac @ moved, moved) / max(float(moved @ moved), 1e-30)
-            u, pred, runs, best = candidate, cand_pred, cand_runs, cand_cost
+            x, pred, runs, best = candidate, cand_pred, cand_runs, cand_cost
             damping = max(damping / 2, 1e-4)
             fresh, failures = False, 0
             if gain < GAIN:
@@ -344,7 +469,9 @@ def _fit(start: Topology, qs: Sequence[Quantity], evaluator: _Evaluator,
                 break
             if not fresh and failures >= 2:
                 jac = None  # the updated derivatives mislead: take them anew
-    return u
+    out = u.copy()
+    out[moving] = x
+    return out
 
 
 def _jacobian(qs: Sequence[Quantity], u: np.ndarray, pred: np.ndarray, runs: Sequence[NcclRun],
@@ -372,15 +499,20 @@ def _jacobian(qs: Sequence[Quantity], u: np.ndarray, pred: np.ndarray, runs: Seq
             only = [i for i, n in enumerate(sizes) if n <= LATENCY_UP_TO]
         elif group == "nvls":
             only = [i for i, r in enumerate(runs) if r.algorithm in ("nvls", "nvlstree") and sizes[i] >= BANDWIDTH_FROM_BYTES]
+        elif group == "engine":
+            only = [i for i, r in enumerate(runs) if (r.algorithm, r.protocol) not in (("ring", "Simple"), ("nvls", "Simple"))
+                    and sizes[i] >= BANDWIDTH_FROM_BYTES]
         else:
             only = [i for i, n in enumerate(sizes) if n >= BANDWIDTH_FROM_BYTES]
         if not only:
             continue
+        # a quantity at its upper bound (an efficiency of 1) is differentiated downward
+        step = -STEP if any(math.exp(u[j] + STEP) > qs[j].upper for j in members) else STEP
         moved = u.copy()
-        moved[members] += STEP
+        moved[members] += step
         changed, _runs = predict(moved, picks, only)
         column = np.zeros(len(pred))
-        column[only] = (changed - pred[only]) / STEP
+        column[only] = (changed - pred[only]) / step
         for j in members:
             q = qs[j]
             jac[:, j] = column if q.protocol is None else [c if r.protocol == q.protocol else 0.0

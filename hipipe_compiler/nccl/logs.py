@@ -16,7 +16,7 @@ InputError naming the file, the line and what was expected.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError
@@ -36,6 +36,10 @@ _STAMP = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ][\d:.,]+\]?\s*")  # NCCL_DEBUG_TIME
 _RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$")
 _COLLECTIVE = re.compile(r"Collective test (?:starting|concluded):\s*(\w+?)(?:_perf)?(?:_mpi)?\s*$")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO)(?:\s+set by environment to\s+|\s*=\s*)([A-Za-z0-9_,]+)")
+_SETTING = re.compile(r"\b(NCCL_[A-Z0-9_]+)(?:\s+set by environment to\s+|=)([^\s,;]+)")
+#: Settings that leave NCCL's timing alone (or that the log's own fields carry).
+HARMLESS = re.compile(r"NCCL_(ALGO|PROTO|DEBUG\w*|SOCKET_IFNAME|IB_HCA|IB_GID_INDEX|TOPO_DUMP_FILE|HOSTID|"
+                      r"IB_SL|IB_TC|IB_DISABLE|TOPO_FILE|NET_SHARED_BUFFERS|COMM_ID|ASYNC_ERROR_HANDLING|LAUNCH_MODE|\w*TIMEOUT\w*|\w*RETRY\w*)$")
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,12 @@ class TestLog:
     nranks: int
     ranks_per_node: int
     gpu: str | None
-    algorithm: str | None
-    protocol: str | None
+    algorithms: tuple[str, ...] | None  # NCCL_ALGO: the algorithms NCCL may pick from (None: all)
+    protocols: tuple[str, ...] | None  # NCCL_PROTO likewise
     rows: tuple[Row, ...]
+    #: other NCCL settings the log records that can move NCCL's times and that the simulation
+    #: does not model ("NCCL_MIN_CTAS=24")
+    unmodelled: tuple[str, ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -69,7 +76,8 @@ class TestLog:
 
 def read_log(path: str | Path, collective: str | None = None, algorithm: str | None = None,
              protocol: str | None = None) -> TestLog:
-    """A log file; `collective`, `algorithm` and `protocol` override what the log says."""
+    """A log file; `collective`, `algorithm` and `protocol` (NCCL_ALGO / NCCL_PROTO values:
+    names, comma lists, or ^names to leave out) say what the log does not."""
     path = Path(path)
     try:
         with open(path, "rb") as fh:
@@ -90,6 +98,7 @@ def parse_log(text: str, source: str, collective: str | None = None, algorithm: 
     rows: list[Row] = []
     found_collective: str | None = None
     env: dict[str, str] = {}
+    others: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = _STAMP.sub("", _PREFIX.sub("", raw)).rstrip()
         if not line.strip():
@@ -97,6 +106,9 @@ def parse_log(text: str, source: str, collective: str | None = None, algorithm: 
         if _states_settings(line):
             for kind, value in _ENV.findall(line):
                 env[kind] = value
+            for name, value in _SETTING.findall(line):
+                if not HARMLESS.match(name):
+                    others[name] = value
         if line.lstrip().startswith("#"):
             m = _RANK.match(line.strip())
             if m:
@@ -121,7 +133,7 @@ def parse_log(text: str, source: str, collective: str | None = None, algorithm: 
     if header is None or not rows:
         raise InputError(source, None, "no nccl-tests table: expected a '#  size  count  type ...' header and rows of "
                          "results under it")
-    name = collective or found_collective or _collective_from_name(source)
+    name = found_collective or collective or _collective_from_name(source)
     if name is None:
         raise InputError(source, None, "cannot tell which collective this log times (no 'Collective test starting' "
                          "line, no binary name in the file name); say it with --coll")
@@ -141,10 +153,12 @@ def parse_log(text: str, source: str, collective: str | None = None, algorithm: 
     if len(models) > 1:
         raise InputError(source, "Rank lines", f"mixed GPUs {sorted(map(str, models))}: expected one machine")
     gpu = next(iter(models))
-    return TestLog(source, name, len(ranks), per_node.pop(), gpu,
-                   _named(algorithm or env.get("ALGO"), ALGORITHM_NAMES, source, "NCCL_ALGO"),
-                   _named(protocol or env.get("PROTO"), PROTOCOL_NAMES, source, "NCCL_PROTO"),
-                   tuple(sorted(rows, key=lambda r: r.nbytes)))
+    algorithms = allowed(env.get("ALGO") or algorithm, ALGORITHM_NAMES, source, "NCCL_ALGO")
+    if others.pop("NCCL_NVLS_ENABLE", None) == "0":  # NCCL then never runs NVLS or NVLSTree
+        algorithms = tuple(a for a in (algorithms or ("ring", "tree", "nvls", "nvlstree")) if a not in ("nvls", "nvlstree"))
+    return TestLog(source, name, len(ranks), per_node.pop(), gpu, algorithms,
+                   allowed(env.get("PROTO") or protocol, PROTOCOL_NAMES, source, "NCCL_PROTO"),
+                   tuple(sorted(rows, key=lambda r: r.nbytes)), tuple(f"{k}={v}" for k, v in sorted(others.items())))
 
 
 def _states_settings(line: str) -> bool:
@@ -199,14 +213,25 @@ def _collective_from_name(source: str) -> str | None:
     return None
 
 
-def _named(value: str | None, names: dict[str, str], source: str, what: str) -> str | None:
-    """NCCL's name for an algorithm or protocol, ours; only one may be forced."""
+def allowed(value: str | None, names: dict[str, str], source: str | None, what: str) -> tuple[str, ...] | None:
+    """What NCCL_ALGO or NCCL_PROTO lets NCCL pick from: a comma list of names, or of names
+    after ^ to leave out (NCCL's syntax); None when unset.
+
+    >>> allowed("^LL128", PROTOCOL_NAMES, None, "NCCL_PROTO"), allowed("Ring,tree", ALGORITHM_NAMES, None, "NCCL_ALGO")
+    (('LL', 'Simple'), ('ring', 'tree'))
+    """
     if value is None:
         return None
-    parts = [p for p in value.replace(";", ",").split(",") if p]
-    if len(parts) != 1 or parts[0].lower() not in names:
-        raise InputError(source, what, f"expected one of {', '.join(sorted(set(names.values())))}, got {value!r}")
-    return names[parts[0].lower()]
+    text = value.strip()
+    exclude = text.startswith("^")
+    parts = [p.strip().lower() for p in text.lstrip("^").replace(";", ",").split(",") if p.strip()]
+    unknown = [p for p in parts if p not in names]
+    if not parts or unknown:
+        raise InputError(source, what, f"expected names among {', '.join(sorted(set(names.values())))} (a comma list, "
+                         f"or ^ and the ones to leave out), got {value!r}")
+    chosen = {names[p] for p in parts}
+    every = list(dict.fromkeys(names.values()))
+    return tuple(n for n in every if (n not in chosen) == exclude)
 
 
 def same_machine(logs: list[TestLog]) -> None:
@@ -216,8 +241,3 @@ def same_machine(logs: list[TestLog]) -> None:
         if (log.gpu, log.ranks_per_node) != (first.gpu, first.ranks_per_node):
             raise InputError(log.source, "Rank lines", f"{log.ranks_per_node} x {log.gpu} per node, but {first.source} "
                              f"has {first.ranks_per_node} x {first.gpu}: expected logs of one machine")
-
-
-def restricted(log: TestLog, algorithm: str | None, protocol: str | None) -> TestLog:
-    """The log with NCCL_ALGO / NCCL_PROTO as the user says they were set."""
-    return replace(log, algorithm=algorithm or log.algorithm, protocol=protocol or log.protocol)

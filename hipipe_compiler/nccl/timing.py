@@ -69,6 +69,17 @@ class NcclRun:
         return self.nbytes / (self.time_us * 1e3) * bus_factor(self.collective, self.nranks)
 
 
+def nccl_machine(topology: Topology) -> str | None:
+    """Why NCCL's pick would be a guess on `topology` (None: it is not): NCCL decides from the
+    GPU it finds, so a topology that names none is no machine NCCL runs on, and its rings and
+    trees run over switches, not the rings of a torus."""
+    if topology.gpu is None:
+        return "the topology names no gpu, which NCCL's own choices depend on"
+    if any(d.kind != "switch" for d in topology.dimensions):
+        return "NCCL runs on switched networks, not the rings of a torus"
+    return None
+
+
 class NcclTimer:
     """Times NCCL's algorithms for one topology and collective; keeps its programs."""
 
@@ -108,20 +119,21 @@ class NcclTimer:
         """One call of `algorithm` under `protocol`, set up and timed as NCCL runs it."""
         topo, coll = self.topology, self.collective
         bw = self.model.algbw_GBps[algorithm][protocol]
+        scale = topo.nccl_channel_scale or 1.0  # the machine's channels against NCCL's tables
         if bw <= 0:
             raise PlanError(f"NCCL does not run {algorithm}/{protocol} for {coll} on {topo.label}")
         channels = channels_for(self.system, self.model.graphs, algorithm, protocol, coll, nbytes)
         start = topo.call_cost(protocol)
         if algorithm in ("nvls", "nvlstree"):
             start += topo.dimensions[0].nvls.call_latency  # type: ignore[union-attr]
-            time = self.nvls_time(algorithm, nbytes, start, bw)
+            time = self.nvls_time(algorithm, nbytes, start, bw * scale)
         else:
             program = self.program(algorithm, protocol, channels)
             pipe = PIPELINING[(algorithm, protocol)]
             issued = _sent(program) * nbytes / program.nchunksperloop / WIRE_EFFICIENCY[protocol]
             # NCCL's ring under Simple runs at its links' pace (its model's bandwidth is the
             # links'); its other protocols and its tree are capped by their channels
-            engine = None if (algorithm, protocol) == ("ring", "Simple") else _engine(issued, nbytes, bw)
+            engine = None if (algorithm, protocol) == ("ring", "Simple") else _engine(issued, nbytes, bw * scale)
             replay = Replay(pipe.chunk_bytes, pipe.window, engine, eager=True)
             try:
                 time = simulate(program, topo, nbytes, replay=replay).time_us

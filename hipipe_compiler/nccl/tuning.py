@@ -90,9 +90,10 @@ class System:
 
     @classmethod
     def of(cls, topology: Topology) -> "System":
-        """The machine a topology describes: a node is its dimensions before the first one
-        whose link is the network (all but the outermost where none says), and each GPU's
-        NIC carries the bandwidth of the first dimension outside the node."""
+        """The machine a topology describes, as NCCL sees it: a node is its dimensions before
+        the first one whose link is the network (all but the outermost where none says), and
+        each GPU's NIC carries the first dimension outside the node; bandwidths are the
+        ratings (NCCL's search reads them off the hardware), not a calibration's effective ones."""
         dims = topology.dimensions
         inside = next((d for d, dim in enumerate(dims) if dim.link == "network"), None)
         if inside is None:
@@ -101,8 +102,8 @@ class System:
         ppn = math.prod(dim.size for dim in dims[:inside])
         nodes = topology.nranks // ppn
         gpu = gpu_model(topology.gpu or "H100")
-        intra = sum(dim.bandwidth for dim in dims[:inside])
-        nic = dims[inside].bandwidth if inside < len(dims) else 0.0
+        intra = sum(dim.rating for dim in dims[:inside])
+        nic = dims[inside].rating if inside < len(dims) else 0.0
         pcie = any(dim.link == "pcie" for dim in dims[:inside])
         nvswitch = not pcie and any(dim.kind == "switch" for dim in dims[:inside])
         nvls = inside == 1 and dims[0].nvls is not None and gpu.sm >= 90 and ppn >= 2

@@ -8,6 +8,7 @@ preset (`load_topology`).
 from __future__ import annotations
 
 from dataclasses import replace
+from importlib import resources
 from pathlib import Path
 
 from .documents import load_document
@@ -27,16 +28,37 @@ def load_topology(spec: str | Path) -> Topology:
     raise InputError(str(spec), None, f"not a topology file or a preset; presets: {', '.join(PRESETS)}")
 
 
-def _nvswitch_ib(nodes: int, name: str) -> Topology:
-    """Nodes of 8 H100s on NVSwitch joined by a 400 Gb/s NIC per GPU, at NCCL's per-protocol latencies."""
-    return Topology((Dimension(8, "switch", 300.0, NVLINK, "nvlink"), Dimension(nodes, "switch", 50.0, NETWORK, "ib")),
-                    name=name)
+#: Calibrated machines (samples/machines/*.yaml, shipped in the package): hipipe calibrate's
+#: fits of the shared nccl-tests logs of such machines, each file saying which logs. Their
+#: presets are the machine with 1 to 64 nodes.
+MACHINES: dict[str, tuple[int, ...]] = {"dgx-h100": (1, 2, 4, 8, 16, 32, 64), "dgx-a100": (1, 2, 4, 8)}
+
+
+def machine_path(name: str) -> Path:
+    """The file of a calibrated machine: in the installed package (hipipe_compiler.machines),
+    or in samples/machines/ of a checkout."""
+    try:
+        candidate = Path(str(resources.files("hipipe_compiler.machines") / f"{name}.yaml"))
+        if candidate.is_file():
+            return candidate
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parent.parent / "samples" / "machines" / f"{name}.yaml"
+
+
+def machine(name: str) -> Topology:
+    """A calibrated machine as its file describes it (its node count is the logs')."""
+    path = machine_path(name)
+    return topology_from_document(load_document(path), path.name)
 
 
 def _presets() -> dict[str, Topology]:
     out: dict[str, Topology] = {}
-    for nodes in (2, 4, 16, 32, 64):
-        out[f"dgx-h100-8x{nodes}"] = _nvswitch_ib(nodes, f"dgx-h100-8x{nodes}")
+    for name, nodes in MACHINES.items():
+        base = machine(name)
+        ppn = base.dimensions[0].size
+        for n in nodes:
+            out[f"{name}-{ppn}x{n}"] = base.with_outer_size(n, f"{name}-{ppn}x{n}")
     out["torus-4x4"] = Topology((Dimension(4, "ring", 100.0, 0.5, "x"), Dimension(4, "ring", 100.0, 0.5, "y")), name="torus-4x4")
     out["torus-4x4x4"] = Topology((Dimension(4, "ring", 200.0, 0.05, "x"), Dimension(4, "ring", 100.0, 0.5, "y"),
                                    Dimension(4, "ring", 50.0, 2.0, "z")), name="torus-4x4x4")
@@ -48,9 +70,9 @@ def _presets() -> dict[str, Topology]:
     return out
 
 
-#: Named topologies: NVSwitch nodes over IB (C1 of algorithms.md 6.2 is dgx-h100-8x4), tori
-#: (C3 torus-4x4, C5 torus-4x4x4), the astra-sim default (C6 ring-fc-switch-2x8x4) and a
-#: 1024-rank four-dimensional pod.
+#: Named topologies: calibrated H100 and A100 machines (MACHINES), tori (C3 torus-4x4, C5
+#: torus-4x4x4), the astra-sim default (C6 ring-fc-switch-2x8x4) and a 1024-rank
+#: four-dimensional pod.
 PRESETS: dict[str, Topology] = _presets()
 
 

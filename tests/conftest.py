@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from hipipe_compiler.topology import NETWORK, NVLINK, PCIE, Dimension, Topology
+from hipipe_compiler.hardware import NETWORK, NVLINK, PCIE
+from hipipe_compiler.topology import Dimension, Topology
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("HIPIPE_SHARED_DIR", REPO.parent / "shared"))
@@ -114,3 +115,11 @@ def hipipe_command() -> list[str]:
 def run_hipipe(*args: str, cwd: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `hipipe ARGS` as a user would; returns the completed process (text output)."""
     return subprocess.run([*hipipe_command(), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def c1p(nodes: int = 4) -> Topology:
+    """C1p of the benchmark grid (C1 with NCCL's per-protocol latencies): 8-GPU NVSwitch nodes
+    at 300 GB/s over a 50 GB/s NIC per GPU, uncalibrated: the tests' fixed machine, where the
+    calibrated dgx-h100 presets move with every calibration. NCCL's choices are an H100's."""
+    return Topology((Dimension(8, "switch", 300.0, NVLINK, "nvlink"), Dimension(nodes, "switch", 50.0, NETWORK, "ib")),
+                    name=f"c1p-8x{nodes}", gpu="H100")

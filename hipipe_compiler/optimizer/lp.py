@@ -7,8 +7,9 @@
   resource, the chunk sizes that minimise the makespan, i.e. the pipeline bubbles
   (algorithms.md 4.2). Stage j of chunk k costs a_j + b_j x_k.
 
->>> from hipipe_compiler.presets import preset
->>> mix = order_mix(preset("dgx-h100-8x4"), "allreduce")
+>>> from hipipe_compiler.topology import Dimension, Topology
+>>> c1 = Topology((Dimension(8, "switch", 300, link="nvlink"), Dimension(4, "switch", 50, link="network")))
+>>> mix = order_mix(c1, "allreduce")
 >>> sorted((o, round(f, 3)) for o, f in mix.fractions.items())
 [((0, 1), 0.932), ((1, 0), 0.068)]
 """

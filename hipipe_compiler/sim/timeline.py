@@ -12,7 +12,7 @@ drain and bubbles show at a glance. The caption gives T, T_LB and utilisation.
 >>> program = lower(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20))
 >>> bars = timeline_bars(simulate(program, topo, 1 << 20, record=True), program, topo)
 >>> sorted({b.row for b in bars})
-['ib AG', 'ib RS', 'nvlink AG', 'nvlink RS']
+['net AG', 'net RS', 'nvlink AG', 'nvlink RS']
 >>> sorted({b.chunk for b in bars})
 [0, 1]
 """

@@ -21,7 +21,7 @@ from hipipe_compiler.sim import simulate
 from hipipe_compiler.topology import Dimension, Topology
 from hipipe_compiler.presets import preset
 
-from conftest import COLLECTIVES, examples, topologies
+from conftest import COLLECTIVES, examples, topologies, c1p
 from strategies import WINDOWS, plans
 
 
@@ -73,7 +73,7 @@ def test_arbitrary_plans_lower_to_programs_that_verify(plan):
 
 
 def test_ring_programs_fuse_receives_with_sends():
-    program = lower(ring_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
+    program = lower(ring_plan(c1p(2), "allreduce", max_bytes=1 << 20))
     types = Counter(st.type for _, _, st in program.steps())
     assert types["rrs"] and types["rrcs"] and types["rcs"]
     for _, _, step in program.steps():
@@ -82,7 +82,7 @@ def test_ring_programs_fuse_receives_with_sends():
 
 
 def test_direct_exchange_reduces_in_a_dependency_chain():
-    program = lower(hierarchical_plan(preset("dgx-h100-8x2"), "allreduce", max_bytes=1 << 20))
+    program = lower(hierarchical_plan(c1p(2), "allreduce", max_bytes=1 << 20))
     rank0 = program.gpus[0]
     rrc = [(tb.id, st) for tb in rank0.threadblocks for st in tb.steps if st.type == "rrc" and st.dstoff >= 0]
     # the reductions into the rank's own block, from 7 NVLink peers, are ordered by dependencies
@@ -101,7 +101,7 @@ def test_fused_sends_fit_the_fifo_at_the_largest_size():
 
 
 def test_split_layout_separates_send_and_receive_threadblocks():
-    topo = preset("dgx-h100-8x2")
+    topo = c1p(2)
     plan = hierarchical_plan(topo, "allreduce", layouts=("split", "split"), max_bytes=1 << 30)
     program = lower(plan)
     for tb in program.gpus[0].threadblocks:
@@ -127,14 +127,14 @@ def test_too_many_chunks_is_refused_with_a_reason():
 
 
 def test_unsplittable_threadblock_budget_is_refused_with_a_reason():
-    plan = hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", chunks=2, lanes=2, max_bytes=1 << 20)
+    plan = hierarchical_plan(c1p(4), "allreduce", chunks=2, lanes=2, max_bytes=1 << 20)
     from hipipe_compiler.msccl import Limits as L
     with pytest.raises(PlanError, match="threadblocks"):
         lower(plan, L(max_threadblocks=8))
 
 
 def test_the_xml_reader_limit_refuses_one_node_too_many_and_no_fewer():
-    plan = hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", chunks=8, max_bytes=1 << 30)
+    plan = hierarchical_plan(c1p(4), "allreduce", chunks=8, max_bytes=1 << 30)
     program = lower(plan)
     nodes = 1 + program.ngpus + max(len(g.threadblocks) + sum(len(tb.steps) for tb in g.threadblocks) for g in program.gpus)
     with pytest.raises(PlanError, match="nodes"):
@@ -162,7 +162,7 @@ def test_the_early_footprint_never_exceeds_the_lowered_programs(plan):
 
 
 def test_lanes_run_chunks_on_separate_channels():
-    topo = preset("dgx-h100-8x2")
+    topo = c1p(2)
     one = lower(hierarchical_plan(topo, "allreduce", chunks=2, lanes=1, max_bytes=1 << 20))
     two = lower(hierarchical_plan(topo, "allreduce", chunks=2, lanes=2, max_bytes=1 << 20))
     assert two.max_threadblocks == 2 * one.max_threadblocks
@@ -171,7 +171,7 @@ def test_lanes_run_chunks_on_separate_channels():
 
 
 def test_reducescatter_and_allgather_use_the_runtime_buffer_sizes():
-    topo = preset("dgx-h100-8x2")
+    topo = c1p(2)
     rs = lower(hierarchical_plan(topo, "reducescatter", chunks=2))
     ag = lower(hierarchical_plan(topo, "allgather", chunks=2))
     assert (rs.gpus[0].i_chunks, rs.gpus[0].o_chunks) == (rs.nchunksperloop, rs.nchunksperloop // 16)

@@ -9,9 +9,8 @@ from lxml import etree
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.msccl import lexical_issues, read_program, write_program
 from hipipe_compiler.msccl.verify import verify
-from hipipe_compiler.presets import preset
 
-from conftest import real_xml_files, real_xml_params, shared_path
+from conftest import real_xml_files, real_xml_params, shared_path, c1p
 from msccl_files import GOOD, XSD, emitted
 
 
@@ -53,7 +52,7 @@ def test_hostile_xml_is_refused_with_one_line(name):
 
 
 def _program_text(**changes) -> bytes:
-    text = write_program(emitted(preset("dgx-h100-8x2"), "allreduce"))
+    text = write_program(emitted(c1p(2), "allreduce"))
     for key, value in changes.items():
         text = re.sub(rf'{key}="[^"]*"', f'{key}="{value}"', text, count=1)
     return text.encode()
@@ -96,7 +95,7 @@ def test_unknown_elements_are_skipped_like_the_runtime_does():
 def test_the_executor_dialect_refuses_legacy_files_naming_the_attribute():
     """A file the executor would refuse at communicator init does not pass as its own: the
     legacy runtime's collective names and a missing outofplace are named, with the way out."""
-    legacy = write_program(emitted(preset("dgx-h100-8x2"), "reducescatter"), "legacy").encode()
+    legacy = write_program(emitted(c1p(2), "reducescatter"), "legacy").encode()
     with pytest.raises(InputError, match="algo.coll: 'reduce_scatter' is a name of the legacy") as info:
         read_program(legacy, dialect="executor")
     assert "--dialect legacy" in str(info.value)
@@ -115,7 +114,7 @@ def test_the_executor_dialect_refuses_legacy_files_naming_the_attribute():
 def test_a_legacy_window_that_selects_nothing_is_refused(max_bytes):
     """Legacy windows are half-open, [minBytes, maxBytes): maxBytes 0, or not above minBytes,
     selects no call (it must not read as the executor's 0 = unbounded)."""
-    text = write_program(emitted(preset("dgx-h100-8x2")), "legacy").encode()
+    text = write_program(emitted(c1p(2)), "legacy").encode()
     text = re.sub(rb'minBytes="\d+" maxBytes="\d+"', f'minBytes="4096" maxBytes="{max_bytes}"'.encode(), text)
     with pytest.raises(InputError, match="algo.maxBytes: expected more than minBytes"):
         read_program(text, dialect="legacy")

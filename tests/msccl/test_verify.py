@@ -15,7 +15,7 @@ from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 from hipipe_compiler.presets import preset
 
-from conftest import COLLECTIVES, SHARED, examples, real_xml_params, topologies
+from conftest import COLLECTIVES, SHARED, examples, real_xml_params, topologies, c1p
 from mutations import EXPECTED, MUTATIONS, duplicate_reduction
 
 # Verdicts of the shared real files (msccl-runtime.md 16); ndv5/ is byte-identical to ndv4/.
@@ -358,7 +358,7 @@ def test_a_wait_on_nothing_that_can_move_is_reported_as_starved():
 def test_a_fifo_overflow_shows_only_at_the_windows_largest_size():
     """A send-first exchange whose sends fit the FIFO in a 1 MiB window; the same file with
     maxBytes raised to 4 GiB splits each send into more messages than the FIFO holds."""
-    program = lower(hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", 2, max_bytes=1 << 20))
+    program = lower(hierarchical_plan(c1p(4), "allreduce", 2, max_bytes=1 << 20))
     assert any(tb.send >= 0 and tb.recv >= 0 and tb.steps[0].type == "s" and tb.steps[0].cnt > 2
                for _g, tb in program.threadblocks())
     assert verify(program).ok
@@ -386,7 +386,7 @@ def test_header_fields_that_lie_are_caught(field, change, rules):
 def test_a_protocol_that_lies_about_its_fifo_is_caught():
     """LL's connections hold eight messages, Simple's two: a send-first exchange lowered for
     LL still runs under LL at 1 GiB, but not once the file claims Simple."""
-    program = lower(hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", 2, protocol="LL", max_bytes=1 << 20))
+    program = lower(hierarchical_plan(c1p(4), "allreduce", 2, protocol="LL", max_bytes=1 << 20))
     wide = program.with_window(0, 1 << 30)
     assert verify(wide).ok
     assert "deadlock.cycle" in verify(replace(wide, protocol="Simple")).rules()

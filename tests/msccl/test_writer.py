@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hipipe_compiler.msccl import read_program, write_program
-from hipipe_compiler.presets import load_topology, preset
+from hipipe_compiler.presets import load_topology
 
-from conftest import COLLECTIVES, SAMPLES, topologies
+from conftest import COLLECTIVES, SAMPLES, topologies, c1p
 from msccl_files import check_file_rules, emitted
 
 
@@ -38,7 +38,7 @@ def test_round_trip_is_byte_identical_and_deterministic(topo, coll, chunks):
 
 @pytest.mark.parametrize("coll", COLLECTIVES)
 def test_legacy_dialect_round_trip(coll):
-    program = emitted(preset("dgx-h100-8x2"), coll, 2)
+    program = emitted(c1p(2), coll, 2)
     text = write_program(program, "legacy")
     if coll == "reducescatter":
         assert 'coll="reduce_scatter"' in text

@@ -14,7 +14,7 @@ from hipipe_compiler.optimizer.knobs import build_plan
 from hipipe_compiler.schedule import check_plan
 from hipipe_compiler.presets import preset
 
-from conftest import COLLECTIVES, REPO, examples, topologies
+from conftest import COLLECTIVES, REPO, examples, topologies, c1p
 
 MiB = 1 << 20
 GRID = load_grid(REPO / "benchmarks" / "grid.yaml")
@@ -80,7 +80,7 @@ def test_folded_one_shot_pipelines_are_offered_where_inner_dimensions_fold_into_
     """C6p's two-rank ring and eight-rank switch fold into one switch of 16 below FOLD_WINDOW;
     the scalar C6 keeps its grid results, and the pod's 32 folded ranks are too many for
     direct exchange."""
-    assert folds(GRID.topologies["C6p"]) and not folds(preset("pod-8x4x8x4")) and not folds(preset("dgx-h100-8x4"))
+    assert folds(GRID.topologies["C6p"]) and not folds(preset("pod-8x4x8x4")) and not folds(c1p(4))
     folded = [k for k in candidates(GRID.topologies["C6p"], "allreduce", 64 << 10) if k.fold]
     assert folded and all(k.oneshot and k.protocol != "Simple" for k in folded)
     assert not any(k.fold for k in candidates(GRID.topologies["C6p"], "allreduce", FOLD_WINDOW))

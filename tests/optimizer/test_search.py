@@ -25,20 +25,20 @@ from hipipe_compiler.sim.simulate import probe_ranks, symmetric
 from hipipe_compiler.topology import Dimension, Topology
 from hipipe_compiler.presets import preset
 
-from conftest import examples, topologies
+from conftest import examples, topologies, c1p
 
 MiB = 1 << 20
 
 
 def test_build_plan_mixes_orders_in_the_lp_proportions():
-    topo = preset("dgx-h100-8x4")
+    topo = c1p(4)
     plan = build_plan(topo, "allreduce", 1 << 30, 1 << 30, Knobs(16, mix=True, granularity=16))
     share = sum(c.units for c in plan.chunks if c.order == (1, 0)) / plan.units
     assert share == pytest.approx(order_mix(topo, "allreduce").fractions[(1, 0)], abs=0.01)
 
 
 def test_ramps_shrink_the_first_and_last_chunks():
-    plan = build_plan(preset("dgx-h100-8x4"), "allreduce", 1 << 30, 1 << 30, Knobs(12, granularity=8, ramp=2))
+    plan = build_plan(c1p(4), "allreduce", 1 << 30, 1 << 30, Knobs(12, granularity=8, ramp=2))
     units = [c.units for c in plan.chunks]
     assert units[0] < units[len(units) // 2] and units[-1] < units[len(units) // 2]
     total = sum(units)
@@ -46,7 +46,7 @@ def test_ramps_shrink_the_first_and_last_chunks():
 
 
 def test_lanes_fan_and_all_gather_lanes():
-    topo = preset("dgx-h100-8x4")
+    topo = c1p(4)
     ag = build_plan(topo, "allreduce", MiB, MiB, Knobs(2, ag_lane=True))
     assert [c.stage_lanes for c in ag.chunks] == [(0, 0, 1), (0, 0, 1)]
     fan = build_plan(topo, "allreduce", MiB, MiB, Knobs(3, fan=True))
@@ -163,7 +163,7 @@ def test_utilisation_targets(name, size, target):
 
 
 def test_a_directory_of_windows_tiles_the_range_and_every_program_verifies():
-    windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(), 1 << 10, 256 * MiB)
+    windows = compile_range(c1p(2), CompileOptions(), 1 << 10, 256 * MiB)
     assert windows[0].window.min_bytes == 1 << 10 and windows[-1].window.max_bytes == 256 * MiB
     for a, b in zip(windows, windows[1:]):
         assert b.window.min_bytes == a.window.max_bytes + 1
@@ -263,7 +263,7 @@ def test_the_finalists_are_distinct_plans():
     """Knobs that build one plan up to lane numbers (spreads or all-gather lanes under `fan`, a
     mix of one order) must not fill the five finalists judged at a window's ends: on
     dgx-h100-8x4's 256-512 KiB window they once did, and the pick lost to 4 chunks at both ends."""
-    search = Search(preset("dgx-h100-8x4"), "allreduce")
+    search = Search(c1p(4), "allreduce")
     lo, hi = 256 << 10, (512 << 10) - 1
     variants = [build_plan(search.topology, "allreduce", lo, hi, Knobs(6, oneshot=True, fan=True, protocol="LL", **extra))
                 for extra in ({}, {"spread": 2}, {"ag_lane": True}, {"mix": True})]
@@ -276,7 +276,7 @@ def test_the_finalists_are_distinct_plans():
 
 @settings(max_examples=examples(10), deadline=None)
 @given(topologies(max_ranks=16), KNOBS, st.sampled_from(WINDOWS))
-@example(preset("dgx-h100-8x2"), Knobs(6, oneshot=True, fan=True, protocol="LL"), WINDOWS[0])
+@example(c1p(2), Knobs(6, oneshot=True, fan=True, protocol="LL"), WINDOWS[0])
 def test_plans_of_one_shape_take_the_same_time(topo, knobs, window):
     """plan_shape forgets names and lane numbers only: knobs whose plans share a shape give
     programs that take the same time, so dropping all but one of them loses nothing."""
@@ -301,7 +301,7 @@ def test_the_descent_refines_chunk_counts_last():
 
 def test_the_finest_plan_within_the_tolerance_wins():
     from hipipe_compiler.optimizer.search import GRANULARITY_TOLERANCE, TIE, Evaluation, _granular
-    topo = preset("dgx-h100-8x2")
+    topo = c1p(2)
 
     def ev(chunks: int, granularity: int, score: float) -> Evaluation:
         knobs = Knobs(chunks, granularity=granularity)
@@ -329,7 +329,7 @@ def test_a_capped_search_never_exceeds_the_cap(topo, per_rank, size):
 def test_the_cap_trades_speed_for_calls_served():
     """Capped at 8 chunks per rank, dgx-h100-8x4's 16-64 MiB window serves BERT's 27 MiB
     buckets (7,087,872 elements, a multiple of 256 but not 512) and costs some time."""
-    topo, lo, hi = preset("dgx-h100-8x4"), 16 * MiB, 64 * MiB - 1
+    topo, lo, hi = c1p(4), 16 * MiB, 64 * MiB - 1
     free = optimize_window(Search(topo, "allreduce"), lo, hi)
     capped = optimize_window(Search(topo, "allreduce", max_nchunksperloop=256), lo, hi)
     assert 7_087_872 % capped.plan.nchunksperloop == 0 < 7_087_872 % free.plan.nchunksperloop

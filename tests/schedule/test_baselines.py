@@ -12,11 +12,11 @@ from hipipe_compiler.schedule.trees import nccl_tree_fits
 from hipipe_compiler.topology import Dimension, Topology
 from hipipe_compiler.presets import preset
 
-from conftest import topologies
+from conftest import topologies, c1p
 
 
 def test_bandwidth_order_puts_the_fastest_dimension_first():
-    assert bandwidth_order(preset("dgx-h100-8x4")) == (0, 1)
+    assert bandwidth_order(c1p(4)) == (0, 1)
     assert bandwidth_order(preset("torus-4x4x4")) == (0, 1, 2)
 
 
@@ -37,7 +37,7 @@ def test_ring_plan_is_flat():
 def test_nccl_ring_crosses_the_network_through_every_port_of_a_node():
     """One channel's ring leaves each node through one GPU's NIC; NCCL's channels, one per GPU
     of a node, leave through all of them, so the network's whole bandwidth is used."""
-    topo = preset("dgx-h100-8x4")
+    topo = c1p(4)
     assert nccl_channels(topo) == 8 and nccl_channels(preset("torus-4x4x4")) == 16
     senders = {}
     for plan in (ring_plan(topo, "allreduce", 1), nccl_plan(topo, "ring", "allreduce")):
@@ -51,7 +51,7 @@ def test_nccl_ring_crosses_the_network_through_every_port_of_a_node():
 def test_nccl_ring_takes_the_time_of_algorithms_md_5_9():
     """T = 2(N-1) alpha_max + 2(N-1)/N M max_i c_i / B_i, with C = 8 rings, one per NIC of a
     node: a fraction c_NIC = 1/C of each GPU's ring edges on its NIC, (C-1)/C on NVLink."""
-    topo = preset("dgx-h100-8x4")
+    topo = c1p(4)
     nvlink, network = topo.dimensions
     n, m, c = topo.nranks, 1 << 30, nccl_channels(topo)
     per_byte = max((c - 1) / c / (nvlink.bandwidth * 1e3), 1 / c / (network.bandwidth * 1e3))  # us per byte
@@ -67,4 +67,4 @@ def test_nccl_tree_only_where_its_links_exist():
     assert not nccl_tree_fits(torus)
     with pytest.raises(PlanError, match="NCCL's tree needs links t4x4 lacks"):
         tree_plan(torus)
-    assert tree_plan(preset("dgx-h100-8x4"), chunks=2).chunks[1].direction == -1  # pairs: one per tree
+    assert tree_plan(c1p(4), chunks=2).chunks[1].direction == -1  # pairs: one per tree

@@ -11,7 +11,7 @@ from hipipe_compiler.schedule.estimate import default_schedule
 from hipipe_compiler.sim import simulate, simulate_exact
 from hipipe_compiler.presets import preset
 
-from conftest import examples
+from conftest import examples, c1p
 from strategies import plans
 
 
@@ -25,7 +25,7 @@ def test_default_schedule_lists_each_stage_once_in_chunk_order(plan):
 
 
 def test_default_schedule_pipelines_chunks_across_dimensions():
-    plan = hierarchical_plan(preset("dgx-h100-8x4"), "allreduce", chunks=4, max_bytes=1 << 28)
+    plan = hierarchical_plan(c1p(4), "allreduce", chunks=4, max_bytes=1 << 28)
     sched = default_schedule(plan)
     # chunk 1 starts its first reduce-scatter before chunk 0 has finished all its stages
     assert sched.index((1, 0)) < sched.index((0, len(plan.stages(0)) - 1))

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from hipipe_compiler.schedule.trees import binary_tree, nccl_tree, tree_depth
 from hipipe_compiler.topology import Dimension, Topology
-from hipipe_compiler.presets import preset
+
+from conftest import c1p
 
 
 def reaches_root(parent: tuple[int, ...]) -> bool:
@@ -35,7 +36,7 @@ def test_two_complementary_binary_trees(n):
 
 
 def test_ncc_tree_chains_each_node_and_joins_the_nodes_first_ranks():
-    topo = preset("dgx-h100-8x4")
+    topo = c1p(4)
     for tree in (0, 1):
         parent, children = nccl_tree(topo, tree)
         assert reaches_root(parent)

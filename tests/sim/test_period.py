@@ -20,7 +20,7 @@ from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule.baselines import hierarchical_plan, nccl_plan
 from hipipe_compiler.sim import simulate
 
-from conftest import examples
+from conftest import examples, c1p
 from strategies import plans
 
 #: The skipped periods may move the end by this fraction of the run (period.TOLERANCE per
@@ -54,8 +54,8 @@ def test_skipping_the_steady_state_gives_the_times_of_full_replay(plan, iteratio
 @pytest.mark.parametrize("name,build,quotient", [
     ("torus two-chunk pipeline", lambda: build_plan(preset("torus-4x4"), "allreduce", 1 << 30, 1 << 30,
                                                     Knobs(2, mix=True, ag_lane=True)), True),
-    ("hierarchical k4", lambda: hierarchical_plan(preset("dgx-h100-8x2"), "allreduce", 4, max_bytes=1 << 30), True),
-    ("NCCL's ring under LL", lambda: nccl_plan(preset("dgx-h100-8x2"), "ring", "allreduce", "LL", 1 << 20, 1 << 20,
+    ("hierarchical k4", lambda: hierarchical_plan(c1p(2), "allreduce", 4, max_bytes=1 << 30), True),
+    ("NCCL's ring under LL", lambda: nccl_plan(c1p(2), "ring", "allreduce", "LL", 1 << 20, 1 << 20,
                                                1 << 20), False),
 ])
 def test_a_steady_state_is_skipped_and_the_time_is_the_same(name, build, quotient):

@@ -19,7 +19,7 @@ from hipipe_compiler.sim.simulate import probe_ranks, symmetric
 from hipipe_compiler.topology import Dimension, Topology
 from hipipe_compiler.presets import preset
 
-from conftest import COLLECTIVES, real_xml_params, topologies
+from conftest import COLLECTIVES, real_xml_params, topologies, c1p
 
 MB = 1_000_000
 
@@ -190,9 +190,9 @@ def test_reference_values_of_the_unpipelined_hierarchical_all_reduce():
 def test_a_message_waits_the_alpha_of_the_programs_protocol(protocol, alphas):
     """On C1p one byte per rank pays only latencies: reduce-scatter on NVLink, an IB all-reduce
     (two exchanges), all-gather on NVLink, each at its protocol's alpha (cost-model.md 1)."""
-    c1p = preset("dgx-h100-8x4")
-    program = lower(hierarchical_plan(c1p, protocol=protocol, max_bytes=1 << 10))
-    assert simulate(program, c1p, program.nchunksperloop * 4).time_us == pytest.approx(alphas, abs=0.01)
+    topo = c1p(4)
+    program = lower(hierarchical_plan(topo, protocol=protocol, max_bytes=1 << 10))
+    assert simulate(program, topo, program.nchunksperloop * 4).time_us == pytest.approx(alphas, abs=0.01)
 
 
 @pytest.mark.parametrize("path", real_xml_params(lambda p: read_program(p).ngpus == 8))
@@ -208,7 +208,7 @@ def test_real_8_gpu_files_simulate_on_an_8_rank_switch(path):
 
 
 def test_report_has_the_documented_fields():
-    topo = preset("dgx-h100-8x2")
+    topo = c1p(2)
     result = simulate(lower(hierarchical_plan(topo, max_bytes=1 << 24)), topo, 1 << 24)
     d = result.to_dict()
     for key in ("time_us", "lower_bound_us", "utilisation", "algbw_GBps", "busbw_GBps", "iterations"):

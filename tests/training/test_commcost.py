@@ -12,7 +12,7 @@ from hipipe_compiler.training import AlphaBetaCost, SimulatedCost
 from hipipe_compiler.training.commcost import COLLECTIVES, CostCache, cached
 from hipipe_compiler.windows import window_of
 
-from conftest import DTYPE_BYTES, call_sizes, examples
+from conftest import DTYPE_BYTES, call_sizes, examples, c1p
 
 
 def test_alpha_beta_formulas():
@@ -73,7 +73,7 @@ def test_time_is_the_simulator_on_the_compiled_program(torus_cost):
 
 def test_each_window_is_compiled_once():
     seen = []
-    cost = SimulatedCost(preset("dgx-h100-8x2"), algorithm="hierarchical", progress=lambda c, w: seen.append((c, w)))
+    cost = SimulatedCost(c1p(2), algorithm="hierarchical", progress=lambda c, w: seen.append((c, w)))
     for nbytes in (5000, 6000, 7000, 5000, 1 << 20):
         cost.time_us("allgather", nbytes)
     assert len(seen) == len(set(seen)) == len(cost.programs())
@@ -81,7 +81,7 @@ def test_each_window_is_compiled_once():
 
 
 def test_hipipe_programs_are_never_slower_than_hierarchical():
-    topo = preset("dgx-h100-8x2")
+    topo = c1p(2)
     ours, base = SimulatedCost(topo), SimulatedCost(topo, algorithm="hierarchical")
     for nbytes in (64 << 10, 4 << 20):
         assert ours.time_us("allreduce", nbytes) <= base.time_us("allreduce", nbytes) * 1.001

@@ -48,6 +48,19 @@ def positive_option(name: str) -> Callable[[str], float]:
     return parse
 
 
+def nonnegative_option(name: str) -> Callable[[str], float]:
+    """A finite number >= 0."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (value >= 0 and value != float("inf")):
+            raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+        return value
+    return parse
+
+
 def size_option(name: str) -> Callable[[str], int]:
     """A call size, from 1 byte to MAX_BYTES (units.parse_size)."""
     def parse(text: str) -> int:

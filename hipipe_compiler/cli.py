@@ -7,7 +7,6 @@ file, the field and what was expected; no traceback; no partial output file).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -15,27 +14,27 @@ from typing import Any, Sequence
 from tabulate import tabulate
 
 from . import __version__
-from .arguments import Parser, integer_option, positive_option, size_option, size_range_option
-from .compiler import (
-    ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_ROOM, BUCKET_WINDOW, DTYPES, CompileOptions, Stopwatch, VerificationFailed,
-    check_divisible, check_fits_one_file, compile_range, window_summary, write_directory, write_file,
-)
+from .arguments import Parser, integer_option, nonnegative_option, positive_option, size_option, size_range_option
+from .compile_command import cmd_compile
+from .compiler import ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_ROOM, BUCKET_WINDOW, DTYPES, check_fits_one_file
+from .console import print_json, report_violations, verified
 from .errors import InputError, PlanError
 from .files import check_output_path, write_atomic
+from .handoff import MIN_SPEEDUP
+from .machine_commands import add_calibrate, cmd_calibrate, cmd_topo_import
 from .msccl.lexical import lexical_issues
 from .msccl.program import PLANNED_COLLECTIVES, PROTOCOLS
 from .msccl.reader import read_program
-from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, LEGACY_MAX_ALGORITHMS, RUNTIMES, Limits
+from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, RUNTIMES, Limits
 from .msccl.selection import size_refusal
 from .msccl.verify import Report, VerifyOptions, Violation, structural_violations, verify
 from .msccl.writer import DIALECTS
-from .sim import SimulationError, simulate
 from .presets import PRESETS, load_topology
+from .sim import SimulationError, simulate
 from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
 from .units import format_size
-from .windows import window_label
 
 
 RUNTIME_HELP = ("the runtime that will load the files, whose limits they must respect: "
@@ -50,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hipipe-compiler {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    p = sub.add_parser("topo", help="show and check a topology file or preset")
+    p = sub.add_parser("topo", help="show and check a topology file or preset; `hipipe topo import FILE.xml` makes "
+                       "one from NCCL's topology XML")
     p.add_argument("topology", nargs="?", help=f"a YAML/JSON topology file or a preset ({', '.join(PRESETS)})")
     p.add_argument("--list", action="store_true", help="list the presets")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -76,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"counts are often multiples of 256 and of nothing larger (default: {BUCKET_NCHUNKSPERLOOP} on "
                    f"topologies whose coarsest plan needs at most {BUCKET_NCHUNKSPERLOOP // BUCKET_ROOM}, else none; "
                    "0: none)")
+    p.add_argument("--min-speedup", type=nonnegative_option("--min-speedup"), default=MIN_SPEEDUP,
+                   help=f"hipipe, --sizes: leave to NCCL (write no file for) each window where our program is not this "
+                   f"much faster than NCCL's own pick, at both ends, in the simulator: a margin for the model's error "
+                   f"(default {MIN_SPEEDUP:g}; 0 keeps every window)")
     p.add_argument("--dialect", default="executor", choices=DIALECTS, help=DIALECT_HELP)
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("--max-tbs", type=integer_option("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
@@ -130,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world-size", type=integer_option("--world-size", 1), help="the ranks of the job, when the directory has programs for several")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
+    add_calibrate(sub)
+
     p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
     p.add_argument("file", help="an MSCCL XML algorithm file")
     p.add_argument("--max-steps", type=integer_option("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
@@ -143,11 +149,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["topo", "import"]:
+        return _guarded(lambda: cmd_topo_import(argv[2:]))
+    args = build_parser().parse_args(argv)
+    return _guarded(lambda: {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify, "simulate": cmd_simulate,
+                "bench": cmd_bench, "plan": cmd_plan, "coverage": cmd_coverage,
+                "calibrate": cmd_calibrate}[args.command](args))
+
+
+def _guarded(run: Any) -> int:
+    """Run a command; bad input is one line on stderr and exit code 2, never a traceback."""
     try:
-        return {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify, "simulate": cmd_simulate,
-                "bench": cmd_bench, "plan": cmd_plan, "coverage": cmd_coverage}[args.command](args)
+        return run()
     except InputError as exc:
         print(f"hipipe: error: {exc}", file=sys.stderr)
         return 2
@@ -167,10 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2))
-
-
 # -- topo -------------------------------------------------------------------------------------
 
 
@@ -178,14 +188,14 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.list or not args.topology:
         rows = [(name, t.nranks, " x ".join(f"{d.size} {d.kind}" for d in t.dimensions)) for name, t in PRESETS.items()]
         if args.json:
-            _print_json({name: t.to_document() for name, t in PRESETS.items()})
+            print_json({name: t.to_document() for name, t in PRESETS.items()})
         else:
             print(tabulate(rows, headers=("preset", "ranks", "dimensions")))
         return 0
     topo = load_topology(args.topology)
     doc = topo.describe()
     if args.json:
-        _print_json(doc)
+        print_json(doc)
         return 0
     print(f"{topo.label}: {topo.nranks} ranks in {topo.ndims} dimension(s), innermost first")
     rows = []
@@ -218,128 +228,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
 # -- compile ----------------------------------------------------------------------------------
 
 
-def _bucket_setting(value: int | None) -> int | str | None:
-    """--max-bucket-nchunksperloop as CompileOptions takes it: absent "auto", 0 none."""
-    return "auto" if value is None else value or None
-
-
-def cmd_compile(args: argparse.Namespace) -> int:
-    directory = args.sizes is not None
-    out = check_output_path(args.output, directory)
-    topo = load_topology(args.topology)
-    check_fits_one_file(topo, args.topology)
-    options = CompileOptions(
-        collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
-        dtype_bytes=DTYPES[args.dtype], limits=Limits.for_runtime(args.runtime, args.max_tbs),
-        max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=_bucket_setting(args.max_bucket_nchunksperloop),
-    )
-    lo, hi = args.sizes if directory else (args.size, args.size)
-    planner = None
-    bar = None
-    if args.algo == "hipipe" and not args.quiet and not args.json and sys.stderr.isatty():
-        from functools import partial
-
-        from tqdm import tqdm
-
-        from .compiler import hipipe_planner
-        bar = tqdm(desc="planning windows", unit="window", leave=False)
-
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-        planner = partial(hipipe_planner, progress=progress)
-    watch = Stopwatch()
-    windows, failed = _verified(topo, bar, lambda: compile_range(topo, options, lo, hi, planner, stopwatch=watch))
-    if failed:
-        return failed
-    # the cap the planner applied to some window (none for one size, a baseline, or too many ranks)
-    bucket_cap = next((w.details["bucket_cap"] for w in windows if w.details.get("bucket_cap") is not None), None)
-    notes: list[str] = []
-    if not directory:
-        check_divisible(windows[0].program, args.size, options.dtype_bytes)
-        with watch.phase("write"):
-            write_file(windows[0], out, args.dialect)
-    else:
-        manifest = {
-            "tool": f"hipipe-compiler {__version__}", "topology": topo.to_document(), "collective": args.coll,
-            "algorithm": args.algo, "dialect": args.dialect, "runtime": args.runtime, "dtype_bytes": options.dtype_bytes,
-            "max_nchunksperloop": args.max_nchunksperloop,
-            "max_bucket_nchunksperloop": bucket_cap,
-            "bucket_window_bytes": BUCKET_WINDOW,
-            "windows": [window_summary(w) for w in windows],
-        }
-        with watch.phase("write"):
-            write_directory(windows, out, manifest, args.dialect)
-    if args.dialect == "legacy":
-        folder = out if directory else out.parent
-        held = len(list(folder.glob("*.xml")))
-        if held > LEGACY_MAX_ALGORITHMS:
-            notes.append(f"microsoft/msccl loads at most {LEGACY_MAX_ALGORITHMS} algorithms from MSCCL_XML_FILES and "
-                         f"{folder}/ holds {held} ({len(windows)} from this run): list the ones your job calls most")
-    summaries = [window_summary(w) for w in windows]
-    if args.json:
-        _print_json({"output": str(out), "windows": summaries, "seconds": watch.seconds, "notes": notes})
-    elif not args.quiet:
-        where = f"{out}/ ({len(windows)} file(s); MSCCL_ALGO_DIR={out})" if directory else str(out)
-        print(f"{args.coll} on {topo.label} ({topo.nranks} ranks), {args.algo}: wrote {where}")
-        print(summary_table(summaries))
-        if bucket_cap is not None:
-            print(f"below {format_size(BUCKET_WINDOW)} every program of a range of sizes serves element counts in "
-                  f"multiples of at most {bucket_cap}, as gradient buckets need; --max-bucket-nchunksperloop 0 takes "
-                  "the fastest plans instead")
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
-    return 0
-
-
-def _verified(topo: Any, bar: Any, work: Any) -> tuple[Any, int]:
-    """Run work() and close the progress bar; a program that fails verification (a compiler
-    bug) is reported rule by rule and gives exit code 1 instead of a result."""
-    try:
-        return work(), 0
-    except VerificationFailed as exc:
-        _report_violations(f"{topo.label} {exc.window.label}", exc.report)
-        return None, 1
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-def summary_table(summaries: list[dict[str, Any]]) -> str:
-    """One row per size window: what was chosen, its shape, and its simulated performance."""
-    rows = []
-    for s in summaries:
-        u = s.get("utilisation")
-        rows.append((
-            window_label(s["min_bytes"], s["max_bytes"]), s.get("choice", s["algorithm"]),
-            s["protocol"], s["chunks"], _units_text(s["chunk_units"]), s["element_multiple"], s["channels"], s["threadblocks"],
-            s["longest_threadblock"], f"{s['predicted_us']:,.1f}", f"{s['busbw_GBps']:,.1f}",
-            "-" if u is None else f"{u:.3f}", "yes" if s["verified"] else "-",
-        ))
-    return tabulate(rows, headers=("window", "plan", "proto", "chunks", "chunk sizes", "elements x", "channels", "tbs", "longest tb",
-                                   "us @max", "busbw GB/s", "T_LB/T", "verified"), disable_numparse=True)
-
-
-def _units_text(units: list[int]) -> str:
-    text = "/".join(map(str, units))
-    return text if len(text) <= 24 else text[:21] + "..."
-
-
 # -- verify -----------------------------------------------------------------------------------
-
-
-def _report_violations(label: str, report: Report, limit: int = 50) -> None:
-    """The verdict, then each broken rule; one that every rank breaks alike is shown once."""
-    print(f"{label}: {report.summary()}")
-    alike: dict[tuple, list[Violation]] = {}
-    for v in report.violations:
-        alike.setdefault((v.rule, v.tb, v.step, v.message), []).append(v)
-    groups = list(alike.values())
-    for group in groups[:limit]:
-        others = len(group) - 1
-        print(f"  {group[0]}" + (f" (and on {others} other rank{'s' if others > 1 else ''})" if others else ""))
-    if len(groups) > limit:
-        print(f"  ... and {len(groups) - limit} more")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -357,13 +246,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     else:
         report = Report(report.violations, ("lexical",) + report.checked, report.skipped, report.stats)
     if args.json:
-        _print_json({"file": str(path), "ok": report.ok, "collective": program.collective, "ranks": program.ngpus,
+        print_json({"file": str(path), "ok": report.ok, "collective": program.collective, "ranks": program.ngpus,
                      "checked": list(report.checked), "skipped": list(report.skipped),
                      "violations": [v.to_dict() for v in report.violations]})
     elif report.ok:
         print(f"{path}: {program.collective} on {program.ngpus} ranks, {program.nsteps} steps: {report.summary()}")
     else:
-        _report_violations(str(path), report)
+        report_violations(str(path), report)
     return 0 if report.ok else 1
 
 
@@ -394,7 +283,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     refused = size_refusal(program, args.size)
     notes = [f"the runtime would not run this program for a call of {format_size(args.size)} (float32): {refused}"] if refused else []
     if args.json:
-        _print_json({"file": args.file, "topology": topo.label, **result.to_dict(),
+        print_json({"file": args.file, "topology": topo.label, **result.to_dict(),
                      **({"timeline": args.timeline} if args.timeline else {}), "notes": notes})
         return 0
     for note in notes:
@@ -435,7 +324,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         grid = load_grid(args.grid)
     elif args.topo:
         grid = Grid({load_topology(t).label: load_topology(t) for t in args.topo}, (1 << 20, 64 << 20, 1 << 30),
-                    algorithms=(*BASELINES, "hipipe"))
+                    algorithms=(*BASELINES, "nccl", "hipipe"))
     else:
         path = _default_grid()
         if not path.is_file():
@@ -489,13 +378,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         report = plan_training(profile, cost, topo.nranks)
         return report, (write_plan(report, args.policy, cost, out, topo.label) if out is not None else None)
 
-    result, failed = _verified(topo, bar, work)
+    result, failed = verified(topo, bar, work)
     if failed:
         return failed
     report, doc = result
     summary = report.summary()
     if args.json:
-        _print_json({"profile": profile.name, "topology": topo.label, "world_size": topo.nranks,
+        print_json({"profile": profile.name, "topology": topo.label, "world_size": topo.nranks,
                      "cost_model": describe_cost(cost), "compute_ms": report.compute_ms, "best": report.best,
                      "written": None if out is None else {"policy": args.policy, "plan": str(out / "plan.json"),
                                                           "msccl_algo_dir": str(out / "msccl-algorithms"),
@@ -526,7 +415,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
-    from .coverage import MIB, coverage, ddp_buckets, directory_programs, profile_tensors, read_counts
+    from .coverage import MIB, coverage, ddp_buckets, directory_programs, left_windows, profile_tensors, read_counts
     from .training.profiles import load_profile
     files, world = directory_programs(args.directory, "allreduce", args.world_size)
     dtype_bytes = DTYPES[args.dtype]
@@ -540,9 +429,9 @@ def cmd_coverage(args: argparse.Namespace) -> int:
                               int(args.first_bucket_mb * MIB))
         labels, counts = [b[0] for b in buckets], [b[1] for b in buckets]
         source = f"{profile.name}: PyTorch DDP buckets ({args.first_bucket_mb:g} MiB first, then {args.bucket_cap_mb:g} MiB)"
-    report = coverage(files, counts, dtype_bytes, world, labels)
+    report = coverage(files, counts, dtype_bytes, world, labels, left=left_windows(args.directory, "allreduce", world))
     if args.json:
-        _print_json({"directory": str(args.directory), "calls_from": source, **report.to_dict()})
+        print_json({"directory": str(args.directory), "calls_from": source, **report.to_dict()})
         return 0
     print(f"{args.directory}: {len(files)} all-reduce program(s) for {world} ranks; calls: {source}, {args.dtype}")
     rows = [(c.label if len(c.label) <= 40 else c.label[:37] + "...", c.count, format_size(c.nbytes),
@@ -550,7 +439,8 @@ def cmd_coverage(args: argparse.Namespace) -> int:
              "-" if c.padded_count is None else f"+{c.padded_count - c.count}") for c in report.calls_detail]
     print(tabulate(rows, headers=("call", "elements", "size", "served by", "why not", "pad"), disable_numparse=True))
     share = report.served_bytes / report.bytes if report.bytes else 0.0
-    print(f"served: {report.served_calls} of {report.calls} calls, {share:.1%} of {format_size(report.bytes)}")
+    print(f"served: {report.served_calls} of {report.calls} calls, {share:.1%} of {format_size(report.bytes)}"
+          + (f"; {report.left_calls} left to NCCL by design (it is as fast there)" if report.left_calls else ""))
     print(f"padded to the smallest count a file serves: {report.padded_served_calls} of {report.calls} calls, "
           f"{report.padded_extra_bytes} extra bytes ({report.padded_extra_bytes / max(report.bytes, 1):.3%})")
     ambiguous = [c for c in report.calls_detail if c.also]

@@ -276,7 +276,7 @@ def predict(cw: CompiledWindow, topology: Topology) -> dict[str, Any]:
     size = cw.window.max_bytes
     result = simulate_exact(cw.program, topology, size)
     return {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
-            "utilisation": result.utilisation}
+            "utilisation": result.utilisation, "utilisation1": result.utilisation1}
 
 
 def check_divisible(program: Program, nbytes: int, dtype_bytes: int) -> None:

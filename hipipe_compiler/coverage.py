@@ -16,11 +16,13 @@ padding each call to the smallest count some file serves would cost.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from .documents import load_document
 from .errors import InputError
 from .msccl.program import Program
 from .msccl.reader import read_header
@@ -47,6 +49,7 @@ class Call:
     why_not: str | None  # why no file does
     also: tuple[str, ...]  # other files that could serve it: the file system's listing order decides
     padded_count: int | None  # the smallest count >= count that some file serves
+    left_to_nccl: bool = False  # in a window the directory leaves to NCCL by design (handoff.py)
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,11 @@ class Coverage:
         return sum(c.nbytes for c in self.calls_detail)
 
     @property
+    def left_calls(self) -> int:
+        """Calls in windows the directory leaves to NCCL, where NCCL is the faster."""
+        return sum(c.left_to_nccl for c in self.calls_detail)
+
+    @property
     def served_bytes(self) -> int:
         return sum(c.nbytes for c in self.calls_detail if c.file is not None)
 
@@ -82,10 +90,12 @@ class Coverage:
     def to_dict(self) -> dict[str, Any]:
         return {
             "world_size": self.world_size, "dtype_bytes": self.dtype_bytes,
-            "calls": self.calls, "served_calls": self.served_calls, "bytes": self.bytes, "served_bytes": self.served_bytes,
+            "calls": self.calls, "served_calls": self.served_calls, "left_to_nccl_calls": self.left_calls,
+            "bytes": self.bytes, "served_bytes": self.served_bytes,
             "padded": {"served_calls": self.padded_served_calls, "extra_bytes": self.padded_extra_bytes},
             "detail": [{"call": c.label, "count": c.count, "bytes": c.nbytes, "file": c.file, "why_not": c.why_not,
-                        "also": list(c.also), "padded_count": c.padded_count} for c in self.calls_detail],
+                        "also": list(c.also), "padded_count": c.padded_count, "left_to_nccl": c.left_to_nccl}
+                       for c in self.calls_detail],
         }
 
 
@@ -114,6 +124,26 @@ def directory_programs(path: str | Path, collective: str = "allreduce",
     return chosen, world_size
 
 
+def left_windows(path: str | Path, collective: str = "allreduce", world_size: int | None = None) -> list[tuple[int, int]]:
+    """The windows a directory's manifest (.hipipe/manifest.json, written by hipipe compile)
+    leaves to NCCL for this collective and world size; none where it has no manifest."""
+    manifest = Path(path) / ".hipipe" / "manifest.json"
+    if not manifest.is_file():
+        return []
+    doc = load_document(manifest)
+    if not isinstance(doc, dict) or doc.get("collective", collective) != collective:
+        return []
+    ranks = (doc.get("topology") or {}).get("dimensions")
+    if world_size is not None and isinstance(ranks, list):
+        if math.prod(d.get("size", 1) for d in ranks if isinstance(d, dict)) != world_size:
+            return []
+    out = []
+    for w in doc.get("left_to_nccl") or []:
+        if isinstance(w, dict) and isinstance(w.get("min_bytes"), int) and isinstance(w.get("max_bytes"), int):
+            out.append((w["min_bytes"], w["max_bytes"]))
+    return out
+
+
 def directory_headers(path: str | Path) -> list[tuple[str, Program]]:
     """(file name, header) of every regular file of a directory, as the runtime reads them:
     whatever the extension, subdirectories skipped. InputError names a file it cannot read."""
@@ -125,8 +155,10 @@ def directory_headers(path: str | Path) -> list[tuple[str, Program]]:
 
 
 def coverage(files: Sequence[tuple[str, Program]], counts: Sequence[int], dtype_bytes: int, world_size: int,
-             labels: Sequence[str] | None = None, collective: str = "allreduce", inplace: bool = True) -> Coverage:
-    """Decide each call as the runtime would, and what padding it would need."""
+             labels: Sequence[str] | None = None, collective: str = "allreduce", inplace: bool = True,
+             left: Sequence[tuple[int, int]] = ()) -> Coverage:
+    """Decide each call as the runtime would, and what padding it would need; a call no file
+    serves in one of the `left` windows (min, max bytes) is left to NCCL by design."""
     programs = [p for _name, p in files]
     names = [name for name, _p in files]
     out = []
@@ -136,8 +168,12 @@ def coverage(files: Sequence[tuple[str, Program]], counts: Sequence[int], dtype_
         if not hits:
             why = _why_not(programs, collective, world_size, count, dtype_bytes, inplace)
         padded = smallest_served(programs, collective, world_size, count, dtype_bytes, inplace)
-        out.append(Call(labels[i] if labels else f"call {i}", count, call_bytes(collective, world_size, count, dtype_bytes),
-                        names[hits[0]] if hits else None, why, tuple(names[h] for h in hits[1:]), padded))
+        nbytes = call_bytes(collective, world_size, count, dtype_bytes)
+        by_design = not hits and any(lo <= nbytes <= hi for lo, hi in left)
+        if by_design:
+            why = "left to NCCL by design: NCCL's own pick is as fast there"
+        out.append(Call(labels[i] if labels else f"call {i}", count, nbytes, names[hits[0]] if hits else None, why,
+                        tuple(names[h] for h in hits[1:]), padded, by_design))
     return Coverage(tuple(out), world_size, dtype_bytes)
 
 

@@ -19,7 +19,7 @@ from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.presets import preset
 from hipipe_compiler.windows import WIDE_WINDOWS_FROM, Window, size_windows
 
-from conftest import topologies
+from conftest import topologies, c1p
 
 
 @given(st.integers(1, 1 << 40), st.integers(0, 1 << 40))
@@ -48,7 +48,7 @@ def test_compiled_windows_tile_and_merge_identical_programs():
 
 
 def test_size_must_divide_as_the_runtime_needs():
-    program = compile_range(preset("dgx-h100-8x4"), CompileOptions(algorithm="hierarchical"), 1 << 20, 1 << 20)[0].program
+    program = compile_range(c1p(4), CompileOptions(algorithm="hierarchical"), 1 << 20, 1 << 20)[0].program
     check_divisible(program, 1 << 20, 4)
     with pytest.raises(InputError, match="not a multiple of 128 bytes"):
         check_divisible(program, 1000, 4)
@@ -56,7 +56,7 @@ def test_size_must_divide_as_the_runtime_needs():
 
 def test_hipipe_only_picks_programs_the_runtime_can_select():
     for size in (1 << 10, 1 << 20, 64 << 20):
-        for w in compile_range(preset("dgx-h100-8x4"), CompileOptions(), size, 2 * size - 1):
+        for w in compile_range(c1p(4), CompileOptions(), size, 2 * size - 1):
             check_divisible(w.program, w.window.min_bytes, 4)
 
 
@@ -72,7 +72,7 @@ def test_output_path_checks(tmp_path):
 
 
 def test_directory_holds_only_xml_and_the_manifest_sits_in_a_hidden_subdirectory(tmp_path):
-    windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(algorithm="hierarchical"), 1 << 10, 1 << 30)
+    windows = compile_range(c1p(2), CompileOptions(algorithm="hierarchical"), 1 << 10, 1 << 30)
     out = tmp_path / "algos"
     write_directory(windows, out, {"tool": "test"})
     files = sorted(p for p in out.iterdir() if p.is_file())
@@ -94,7 +94,7 @@ def test_output_checks_refuse_devices_and_names_too_long(tmp_path):
 
 
 def test_a_directory_whose_file_is_blocked_is_left_as_it_was(tmp_path):
-    windows = compile_range(preset("dgx-h100-8x2"), CompileOptions(algorithm="hierarchical"), 1 << 10, 1 << 30)
+    windows = compile_range(c1p(2), CompileOptions(algorithm="hierarchical"), 1 << 10, 1 << 30)
     out = tmp_path / "algos"
     write_directory(windows, out, {"tool": "test"})
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
@@ -144,7 +144,7 @@ def test_gradient_bucket_windows_serve_bucket_counts_and_larger_windows_stay_the
     """On dgx-h100-8x2 the windows below 64 MiB take programs that a count of 256 x an odd
     number can select (BERT's and GPT-2's buckets are such counts), the larger windows the
     same programs as without the cap."""
-    topo, lo, hi = preset("dgx-h100-8x2"), 16 << 20, 128 << 20
+    topo, lo, hi = c1p(2), 16 << 20, 128 << 20
     default = compile_range(topo, CompileOptions(), lo, hi)
     free = compile_range(topo, CompileOptions(max_bucket_nchunksperloop=None), lo, hi)
     below = [w for w in default if w.window.max_bytes < BUCKET_WINDOW]

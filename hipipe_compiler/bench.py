@@ -24,7 +24,8 @@ from .lower import lower, lowering_key
 from .msccl.program import Program
 from .optimizer.search import ABLATIONS, Search, optimize_window
 from .schedule import Plan, hierarchical_plan, ring_plan, themis_plan
-from .schedule.baselines import nccl_plan
+from .bounds import lower_bound_us, one_protocol_bound_us
+from .nccl.timing import NcclTimer, nccl_machine
 from .sim import SimulationError, simulate_exact
 from .topology import Topology, topology_from_document
 from .presets import load_topology
@@ -45,15 +46,7 @@ def _with_protocol(build: PlanFor, protocol: str) -> PlanFor:
     return lambda topo, coll, nbytes, _proto: build(topo, coll, nbytes, protocol)
 
 
-def _nccl(algorithm: str, protocol: str) -> PlanFor:
-    """NCCL's ring or tree under a fixed protocol, on its channels."""
-    return lambda topo, coll, nbytes, _proto: nccl_plan(topo, algorithm, coll, protocol, nbytes, nbytes, nbytes)
-
-
-#: The baselines (algorithms.md 5): plans through the normal lowering. The NCCL ones are what
-#: NCCL itself would run, under each of its protocols: its rings through every rank, and its
-#: trees (a chain in each node, a double binary tree across nodes, chunks pipelined), each on
-#: several channels that leave a node through different GPUs' ports (schedule/baselines.py).
+#: The baselines (algorithms.md 5): plans through the normal lowering.
 BASELINES: dict[str, PlanFor] = {
     "ring": lambda topo, coll, nbytes, proto: ring_plan(topo, coll, 1, proto, nbytes, nbytes, nbytes),
     "hierarchical": _hier(1),
@@ -61,11 +54,18 @@ BASELINES: dict[str, PlanFor] = {
     "hierarchical-k16": _hier(16),
     "themis": lambda topo, coll, nbytes, proto: themis_plan(topo, coll, 16, proto, nbytes, nbytes, nbytes),
     **{f"hierarchical-{p}": _with_protocol(_hier(1), p) for p in ("LL", "LL128")},
-    **{f"nccl-{a}-{p}": _nccl(a, p) for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")},
+}
+#: NCCL as it really runs (nccl/timing.py): `nccl` is its own pick at each size, the others
+#: one algorithm (and protocol) forced as NCCL_ALGO / NCCL_PROTO would, set up as NCCL sets it
+#: up on the machine.
+NCCL_RUNS: dict[str, tuple[str | None, str | None]] = {
+    "nccl": (None, None),
+    **{f"nccl-{a}-{p}": (a, p) for a in ("ring", "tree") for p in ("LL", "LL128", "Simple")},
+    "nccl-nvls": ("nvls", "Simple"), "nccl-nvlstree": ("nvlstree", "Simple"),
 }
 REFERENCE = "hierarchical"
-#: Algorithms whose ring or tree through every rank is not the same on every rank (simulated in full).
-FLAT = ("ring", *(name for name in BASELINES if name.startswith("nccl-")))
+#: The row every "vs NCCL" figure compares with: what NCCL runs by itself.
+NCCL_PICK = "nccl"
 #: HiPIPE and the restricted searches of its ablation (hipipe.ABLATIONS).
 OPTIMIZED = ("hipipe", "hipipe-uniform", "hipipe-lp-1order", "hipipe-lp-mixed", "hipipe-fixed-k8")
 
@@ -110,17 +110,25 @@ class BenchRow:
     lower_bound_us: float | None
     busbw_GBps: float | None
     speedup: float | None = None  # time of the reference (unpipelined hierarchical) / this time
-    over_nccl: float | None = None  # time of the fastest NCCL algorithm at this point / this time
+    over_nccl: float | None = None  # time of NCCL's own pick at this point / this time
     error: str | None = None
     details: dict[str, Any] | None = None
     protocol: str | None = None  # of the program that ran
     plan: str | None = None  # what the algorithm chose (HiPIPE's knobs, or the baseline's label)
+    one_protocol_bound_us: float | None = None  # T_LB1 (cost-model.md 4.1)
 
     @property
     def t_over_lb(self) -> float | None:
         if self.time_us is None or not self.lower_bound_us:
             return None
         return self.time_us / self.lower_bound_us
+
+    @property
+    def utilisation1(self) -> float | None:
+        """U1 = T_LB1 / T: against the limit of a program that runs one protocol."""
+        if self.time_us is None or not self.one_protocol_bound_us:
+            return None
+        return self.one_protocol_bound_us / self.time_us
 
 
 def load_grid(path: str | Path) -> Grid:
@@ -146,8 +154,9 @@ def load_grid(path: str | Path) -> Grid:
 def check_algorithms(names: Sequence[str], known: dict[str, Any], source: str | None = None,
                      field: str = "--algos") -> None:
     for name in names:
-        if name not in known and name not in OPTIMIZED:
-            raise InputError(source, field, f"unknown algorithm {name!r}; expected some of {', '.join([*known, *OPTIMIZED])}")
+        if name not in known and name not in OPTIMIZED and name not in NCCL_RUNS:
+            raise InputError(source, field, f"unknown algorithm {name!r}; expected some of "
+                             f"{', '.join([*known, *NCCL_RUNS, *OPTIMIZED])}")
 
 
 def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | None = None,
@@ -170,11 +179,16 @@ def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | N
         from tqdm import tqdm
         bar = tqdm(total=len(tasks), desc="bench", unit="run", leave=False)
     cache: dict[Any, Program] = {}
+    timers: dict[tuple[str, str], NcclTimer] = {}
     rows: list[BenchRow] = []
     for name, topo, size, algo in tasks:
         if bar is not None:
             bar.set_postfix_str(f"{name} {format_size(size)} {algo}")
-        rows.append(_run_one(name, topo, size, algo, grid, builders, extra, cache))
+        if algo in NCCL_RUNS:
+            timer = timers.setdefault((name, grid.collective), NcclTimer(topo, grid.collective))
+            rows.append(_run_nccl(name, topo, size, algo, timer))
+        else:
+            rows.append(_run_one(name, topo, size, algo, grid, builders, extra, cache))
         if bar is not None:
             bar.update(1)
     if bar is not None:
@@ -198,18 +212,31 @@ def _run_one(name: str, topo: Topology, size: int, algo: str, grid: Grid, builde
     except (PlanError, SimulationError) as exc:
         return BenchRow(name, topo.nranks, size, algo, None, None, None, error=str(exc))
     return BenchRow(name, topo.nranks, size, algo, result.time_us, result.lower_bound_us, result.busbw_GBps,
-                    details=details, protocol=program.protocol, plan=(details or {}).get("plan", algo))
+                    details=details, protocol=program.protocol, plan=(details or {}).get("plan", algo),
+                    one_protocol_bound_us=result.one_protocol_bound_us)
+
+
+def _run_nccl(name: str, topo: Topology, size: int, algo: str, timer: NcclTimer) -> BenchRow:
+    """NCCL's own pick, or one of its algorithms forced, timed as NCCL runs it."""
+    algorithm, protocol = NCCL_RUNS[algo]
+    guess = nccl_machine(topo)
+    if guess is not None:
+        return BenchRow(name, topo.nranks, size, algo, None, None, None, error=f"no NCCL to compare with: {guess}")
+    try:
+        run = timer.pick(size) if algorithm is None else timer.run(size, algorithm, protocol or "Simple")
+    except PlanError as exc:
+        return BenchRow(name, topo.nranks, size, algo, None, None, None, error=str(exc))
+    bound = lower_bound_us(topo, timer.collective, size)
+    return BenchRow(name, topo.nranks, size, algo, run.time_us, bound, run.busbw_GBps, protocol=run.protocol,
+                    plan=f"{run.label} on {run.channels} channel(s)",
+                    one_protocol_bound_us=one_protocol_bound_us(topo, timer.collective, size))
 
 
 def _with_speedups(rows: list[BenchRow]) -> list[BenchRow]:
-    """Rows with their speedup over the reference and over the fastest NCCL algorithm (ring or
-    tree, any protocol) at the same point, where those ran."""
+    """Rows with their speedup over the reference and over NCCL's own pick at the same point,
+    where those ran."""
     ref = {(r.topology, r.nbytes): r.time_us for r in rows if r.algorithm == REFERENCE and r.time_us}
-    nccl: dict[tuple[str, int], float] = {}
-    for r in rows:
-        if r.algorithm.startswith("nccl-") and r.time_us:
-            key = (r.topology, r.nbytes)
-            nccl[key] = min(nccl.get(key, math.inf), r.time_us)
+    nccl = {(r.topology, r.nbytes): r.time_us for r in rows if r.algorithm == NCCL_PICK and r.time_us}
     out = []
     for r in rows:
         base, fastest = ref.get((r.topology, r.nbytes)), nccl.get((r.topology, r.nbytes))
@@ -222,22 +249,23 @@ def _with_speedups(rows: list[BenchRow]) -> list[BenchRow]:
 
 
 def table(rows: Sequence[BenchRow]) -> str:
-    """The side-by-side table: time, T/T_LB, busbw and speedup over the unpipelined hierarchical
-    and, where NCCL's algorithms ran, over the fastest of them."""
+    """The side-by-side table: time, U and U1, busbw and speedup over the unpipelined
+    hierarchical and, where `nccl` ran, over NCCL's own pick (which its rows name)."""
     from tabulate import tabulate
     nccl = any(r.over_nccl for r in rows)
     body = []
     for r in rows:
         if r.time_us is None:
-            cells = [r.topology, format_size(r.nbytes), r.algorithm, "-", "-", "-", "-", *(["-"] if nccl else []),
+            cells = [r.topology, format_size(r.nbytes), r.algorithm, "-", "-", "-", "-", "-", *(["-"] if nccl else []),
                      (r.error or "")[:60]]
         else:
             cells = [r.topology, format_size(r.nbytes), r.algorithm, f"{r.time_us:,.1f}",
-                     f"{r.t_over_lb:.3f}" if r.t_over_lb else "-", f"{r.busbw_GBps:,.1f}",
+                     f"{1 / r.t_over_lb:.3f}" if r.t_over_lb else "-",
+                     f"{r.utilisation1:.3f}" if r.utilisation1 else "-", f"{r.busbw_GBps:,.1f}",
                      f"{r.speedup:.2f}x" if r.speedup else "-", *([f"{r.over_nccl:.2f}x" if r.over_nccl else "-"] if nccl else []),
-                     ""]
+                     r.plan if r.algorithm in NCCL_RUNS else ""]
         body.append(cells)
-    headers = ["topology", "size", "algorithm", "time us", "T/T_LB", "busbw GB/s", f"vs {REFERENCE}",
+    headers = ["topology", "size", "algorithm", "time us", "U", "U1", "busbw GB/s", f"vs {REFERENCE}",
                *(["vs NCCL"] if nccl else []), "note"]
     return tabulate(body, headers=headers, disable_numparse=True)
 
@@ -247,6 +275,7 @@ def to_records(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
     for r in rows:
         d = asdict(r)
         d["t_over_lb"] = r.t_over_lb
+        d["utilisation1"] = r.utilisation1
         if d.get("details") is None:
             d.pop("details", None)
         out.append(d)
@@ -255,8 +284,8 @@ def to_records(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
 
 def to_csv(rows: Sequence[BenchRow]) -> str:
     records = to_records(rows)
-    fields = ["topology", "nranks", "nbytes", "algorithm", "time_us", "lower_bound_us", "t_over_lb", "busbw_GBps",
-              "speedup", "over_nccl", "protocol", "plan", "error"]
+    fields = ["topology", "nranks", "nbytes", "algorithm", "time_us", "lower_bound_us", "t_over_lb",
+              "one_protocol_bound_us", "utilisation1", "busbw_GBps", "speedup", "over_nccl", "protocol", "plan", "error"]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()

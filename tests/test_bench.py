@@ -10,7 +10,7 @@ from hipipe_compiler.bench import BASELINES, Grid, load_grid, plot, run_grid, ta
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.presets import preset
 
-from conftest import REPO
+from conftest import REPO, c1p
 
 GRID = REPO / "benchmarks" / "grid.yaml"
 
@@ -29,7 +29,7 @@ def test_shipped_grid_has_the_recommended_configs():
 
 
 def test_rows_speedups_and_reports(tmp_path):
-    grid = Grid({"C1": preset("dgx-h100-8x4"), "C3": preset("torus-4x4")}, (1 << 20, 64 << 20),
+    grid = Grid({"C1": c1p(4), "C3": preset("torus-4x4")}, (1 << 20, 64 << 20),
                 algorithms=("hierarchical", "hierarchical-k4", "themis", "ring"))
     rows = run_grid(grid, progress=False)
     assert len(rows) == 2 * 2 * 4
@@ -40,8 +40,12 @@ def test_rows_speedups_and_reports(tmp_path):
     # pipelining pays at 64 MiB on C1
     c1 = {r.algorithm: r for r in rows if r.topology == "C1" and r.nbytes == 64 << 20}
     assert c1["hierarchical-k4"].time_us < c1["hierarchical"].time_us
+    for r in rows:  # one protocol's limit is never below the limit of all protocols
+        assert r.lower_bound_us <= r.one_protocol_bound_us * (1 + 1e-12) <= r.time_us * (1 + 1e-12)
     text = table(rows)
-    assert "T/T_LB" in text and "themis" in text
+    assert "U1" in text and "themis" in text
+    first = next(line for line in text.splitlines() if " C1 " in f" {line} ")
+    assert f"{rows[0].lower_bound_us / rows[0].time_us:.3f}" in first
     records = list(csv.DictReader(io.StringIO(to_csv(rows))))
     assert len(records) == len(rows) and float(records[0]["time_us"]) == rows[0].time_us
     assert json.loads(to_json(rows))[0]["algorithm"] == rows[0].algorithm
@@ -52,15 +56,15 @@ def test_rows_speedups_and_reports(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
 
 
-def test_rows_say_how_much_faster_than_the_fastest_nccl_algorithm():
-    grid = Grid({"C1p": preset("dgx-h100-8x4")}, (1 << 20,),
-                algorithms=("hierarchical-LL", "nccl-ring-LL", "nccl-tree-LL", "nccl-tree-Simple"))
+def test_rows_say_how_much_faster_than_nccls_own_pick():
+    grid = Grid({"C1p": c1p(4)}, (1 << 20,),
+                algorithms=("hierarchical-LL", "nccl", "nccl-ring-LL", "nccl-tree-LL", "nccl-tree-LL128"))
     rows = {r.algorithm: r for r in run_grid(grid, progress=False)}
-    fastest = min(r.time_us for name, r in rows.items() if name.startswith("nccl-"))
-    assert rows["nccl-tree-LL"].time_us == fastest and rows["nccl-tree-LL"].over_nccl == 1.0
+    pick = rows["nccl"]
+    assert pick.over_nccl == 1.0 and pick.plan.startswith("tree/LL128")  # NCCL's model picks its tree at 1 MiB here
+    assert pick.time_us == rows["nccl-tree-LL128"].time_us
     for r in rows.values():
-        assert r.over_nccl == pytest.approx(fastest / r.time_us)
-    assert rows["hierarchical-LL"].over_nccl > 1  # three hops against the tree's chain and 2 log2 4
+        assert r.over_nccl == pytest.approx(pick.time_us / r.time_us)
     assert "vs NCCL" in table(list(rows.values()))
     assert list(csv.DictReader(io.StringIO(to_csv(list(rows.values())))))[0]["over_nccl"]
 

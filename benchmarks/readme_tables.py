@@ -5,6 +5,9 @@ results in samples/results/ (never typed by hand). Each generated part sits betw
 Regenerate the results, then the README:
 
     hipipe bench --no-progress --csv samples/results/bench-grid.csv
+    hipipe bench --no-progress --topo dgx-h100-8x1 dgx-h100-8x2 dgx-h100-8x4 dgx-h100-8x8 dgx-a100-8x1 dgx-a100-8x2 \
+        --sizes 64KiB 1MiB 16MiB 64MiB 256MiB 1GiB --algos nccl hipipe --csv samples/results/bench-machines.csv
+    python benchmarks/fidelity.py --save            # needs ../shared
     python benchmarks/compile_hipipe.py --save
     python benchmarks/compile_speed.py --save
     python benchmarks/training_table.py --save
@@ -42,11 +45,13 @@ GRID_ROWS = {
 PROTOCOL_ROWS = {"C1p": "C1p: C1, NCCL's latencies", "C6p": "C6p: C6, NCCL's latencies"}
 #: Utilisation targets of the protocol-aware rows, by size (issue: protocols).
 PROTOCOL_TARGETS = {64 << 10: 0.45, 256 << 10: 0.40, 1 << 20: 0.40, 4 << 20: 0.60, 16 << 20: 0.85}
-NCCL = ("nccl-ring-", "nccl-tree-")
-#: The sizes compared with NCCL: the latency-bound ones up to NCCL_LATENCY_BOUND, the
-#: bandwidth-bound ones from NCCL_BANDWIDTH_BOUND up (4-16 MiB, between them, are in the tables only).
-NCCL_LATENCY_BOUND = 1 << 20
-NCCL_BANDWIDTH_BOUND = 64 << 20
+#: The calibrated machines of the comparison with NCCL (samples/results/bench-machines.csv).
+MACHINE_ROWS = {
+    "dgx-h100-8x1": "DGX H100, 1 node", "dgx-h100-8x2": "DGX H100, 2 nodes", "dgx-h100-8x4": "DGX H100, 4 nodes",
+    "dgx-h100-8x8": "DGX H100, 8 nodes", "dgx-a100-8x1": "DGX A100, 1 node", "dgx-a100-8x2": "DGX A100, 2 nodes",
+}
+#: The fidelity table's sizes.
+FIDELITY_SIZES = (64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30, 4 << 30)
 #: Algorithms of the grid that are ours (the rest are baselines).
 OURS = ("hipipe",)
 POLICIES = ("wfbp", "ddp", "dear", "pipedap", "hipipe")
@@ -65,6 +70,11 @@ def utilisation(row: dict) -> float | None:
     return float(row["lower_bound_us"]) / float(row["time_us"]) if row["time_us"] else None
 
 
+def utilisation1(row: dict) -> float | None:
+    """U1 = T_LB1 / T (cost-model.md 4.1)."""
+    return float(row["one_protocol_bound_us"]) / float(row["time_us"]) if row["time_us"] else None
+
+
 def size_label(nbytes: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
@@ -73,35 +83,91 @@ def size_label(nbytes: int) -> str:
 
 
 def grid_table(points: dict, rows: dict[str, str] = GRID_ROWS, protocols: bool = False) -> str:
-    """U = T_LB / T of ours and (in brackets) of the best baseline, per topology and size; with
-    `protocols`, also the protocol our program runs."""
+    """U = T_LB / T of ours, its U1 = T_LB1 / T where that differs, and (in brackets) the best
+    baseline's U, per topology and size; with `protocols`, also the protocol our program runs."""
     sizes = sorted({size for topo, size in points if topo in rows})
-    title = "U = T_LB / T, HiPIPE " + ("and its protocol " if protocols else "") + "(best baseline)"
+    title = "U (/ U1), HiPIPE " + ("and its protocol " if protocols else "") + "(best baseline's U)"
     lines = [f"| {title} | " + " | ".join(size_label(s) for s in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
     for topo, label in rows.items():
         cells = []
         for size in sizes:
             algos = points[(topo, size)]
-            ours = max(utilisation(algos[a]) or 0.0 for a in OURS if a in algos)
+            ours = algos["hipipe"]
             best = max(utilisation(r) or 0.0 for a, r in algos.items() if a not in OURS)
-            proto = f" {algos['hipipe']['protocol']}" if protocols else ""
-            cells.append(f"**{ours:.2f}**{proto} ({best:.2f})")
+            u, u1 = f"{utilisation(ours):.2f}", f"{utilisation1(ours):.2f}"
+            proto = f" {ours['protocol']}" if protocols else ""
+            cells.append(f"**{u}**" + ("" if u1 == u else f" / {u1}") + f"{proto} ({best:.2f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def machines_table(points: dict) -> str:
+    """Per calibrated machine and size: how much faster than NCCL's own pick ours is (and which
+    NCCL algorithm and protocol that pick ran), and ours' U and U1."""
+    sizes = sorted({size for _topo, size in points})
+    lines = ["| speedup over NCCL's pick (what NCCL runs); U / U1 | "
+             + " | ".join(size_label(s) for s in sizes) + " |", "|---" * (len(sizes) + 1) + "|"]
+    for topo, label in MACHINE_ROWS.items():
+        cells = []
+        for size in sizes:
+            algos = points[(topo, size)]
+            ours, nccl = algos["hipipe"], algos["nccl"]
+            speedup = float(nccl["time_us"]) / float(ours["time_us"])
+            run = nccl["plan"].split(" on ")[0]
+            cells.append(f"**{speedup:.2f}x** ({run}); {utilisation(ours):.2f} / {utilisation1(ours):.2f}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def over_nccl(points: dict, large: bool = False) -> str:
-    """How much faster ours is than the fastest NCCL algorithm (ring or tree, any protocol)
-    on the protocol-aware rows up to NCCL_LATENCY_BOUND (or, if `large`, from NCCL_BANDWIDTH_BOUND
-    up): the geometric mean, and the smallest and largest gain."""
+    """How much faster ours is than NCCL's own pick on the calibrated machines, up to 1 MiB
+    (or, if `large`, from 64 MiB): the geometric mean, and the smallest and largest gain."""
     gains = []
     for (topo, size), algos in sorted(points.items()):
-        if topo in PROTOCOL_ROWS and (size >= NCCL_BANDWIDTH_BOUND if large else size <= NCCL_LATENCY_BOUND):
-            nccl = min(float(r["time_us"]) for a, r in algos.items() if a.startswith(NCCL) and r["time_us"])
-            gains.append((nccl / float(algos["hipipe"]["time_us"]), f"{topo} {size_label(size)}"))
+        if topo in MACHINE_ROWS and (size >= 64 << 20 if large else size <= 1 << 20):
+            gains.append((float(algos["nccl"]["time_us"]) / float(algos["hipipe"]["time_us"]), f"{topo} {size_label(size)}"))
     mean = math.exp(sum(math.log(g) for g, _where in gains) / len(gains))
     (low, at_low), (high, at_high) = min(gains), max(gains)
     return f"{mean:.2f}x (geometric mean; from {low:.2f}x at {at_low} to {high:.2f}x at {at_high})"
+
+
+def fidelity_table(path: Path = RESULTS / "fidelity.json") -> str:
+    """Per shared log: the calibrated model's error at a few sizes, and its worst from 64 MiB
+    and from 1 to 32 MiB (the targets: 10 % and 25 %)."""
+    data = json.loads(path.read_text())
+    lines = ["| log (machine) | " + " | ".join(size_label(s) for s in FIDELITY_SIZES)
+             + " | worst from 64MiB | worst 1-32MiB |", "|---" * (len(FIDELITY_SIZES) + 3) + "|"]
+    for machine, fit in data.items():
+        label = ("held out: " if "calibrated_on" in fit else "") + machine
+        for log in fit["logs"]:
+            mine = {p["nbytes"]: p for p in fit["points"] if p["log"] == log}
+            only = f"; one size only, {size_label(next(iter(mine)))}" if len(mine) == 1 else ""
+            cells = []
+            for size in FIDELITY_SIZES:
+                p = mine.get(size)
+                cells.append("-" if p is None else f"{100 * (p['predicted_us'] / p['measured_us'] - 1):+.0f}%")
+            big = [abs(p["predicted_us"] / p["measured_us"] - 1) for n, p in mine.items() if n >= 64 << 20]
+            mid = [abs(p["predicted_us"] / p["measured_us"] - 1) for n, p in mine.items() if (1 << 20) <= n <= (32 << 20)]
+            worst = [f"{100 * max(big):.1f}%" + ("" if max(big) <= 0.10 else " ✗") if big else "-",
+                     f"{100 * max(mid):.1f}%" + ("" if max(mid) <= 0.25 else " ✗") if mid else "-"]
+            lines.append(f"| {log} ({label}{only}) | " + " | ".join(cells) + " | " + " | ".join(worst) + " |")
+    return "\n".join(lines)
+
+
+def fidelity_summary(path: Path = RESULTS / "fidelity.json") -> str:
+    """How many shared logs (of more than one size) the model calibrated on them reproduces
+    within both targets."""
+    data = json.loads(path.read_text())
+    held, logs = 0, 0
+    for fit in data.values():
+        for log in fit["logs"] if "calibrated_on" not in fit else ():
+            errors = [(p["nbytes"], abs(p["predicted_us"] / p["measured_us"] - 1)) for p in fit["points"] if p["log"] == log]
+            if len(errors) < 2:
+                continue
+            logs += 1
+            if all(e <= 0.10 for n, e in errors if n >= 64 << 20) and all(e <= 0.25 for n, e in errors if (1 << 20) <= n <= (32 << 20)):
+                held += 1
+    return f"{held} of {logs}"
 
 
 def protocol_targets(points: dict) -> str:
@@ -200,10 +266,13 @@ def coverage_cost(runs: list[dict]) -> str:
 
 def sections() -> dict[str, str]:
     points = grid_points()
+    machines = grid_points(RESULTS / "bench-machines.csv")
     coverage = json.loads((RESULTS / "coverage.json").read_text())["runs"]
     return {"grid": grid_table(points), "less-time": less_time(points), "compile-times": compile_times(),
             "training": training_table(), "protocol-grid": grid_table(points, PROTOCOL_ROWS, protocols=True),
-            "over-nccl": over_nccl(points), "over-nccl-large": over_nccl(points, large=True),
+            "over-nccl": over_nccl(machines), "over-nccl-large": over_nccl(machines, large=True),
+            "machines": machines_table(machines),
+            "fidelity": fidelity_table(), "fidelity-held": fidelity_summary(),
             "protocol-targets": protocol_targets(points),
             "coverage": coverage_table(coverage), "coverage-cost": coverage_cost(coverage)}
 

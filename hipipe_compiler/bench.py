@@ -311,10 +311,11 @@ def plot(rows: Sequence[BenchRow], path: str | Path, grid: Grid) -> None:
     for i, name in enumerate(names):
         ax = axes[i // cols][i % cols]
         mine = [r for r in rows if r.topology == name]
-        for algo in grid.algorithms:
+        for colour, algo in enumerate(grid.algorithms):  # an algorithm keeps its colour in every panel
             pts = sorted((r.nbytes, r.busbw_GBps) for r in mine if r.algorithm == algo and r.busbw_GBps)
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=algo)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=algo,
+                        color=f"C{colour % 10}")
         limit = sorted({(r.nbytes, r.busbw_GBps * r.time_us / r.lower_bound_us) for r in mine
                         if r.busbw_GBps and r.lower_bound_us})
         if limit:

@@ -4,8 +4,9 @@
 
 - timeline-dgx-h100-8x4-256MiB.png: the HiPIPE all-reduce compiled for
   samples/topologies/dgx-h100-8x4.yaml at 256 MiB, simulated, one row per dimension;
-- busbw-samples.png: busbw against message size for ring, hierarchical, themis and HiPIPE
-  on the two-dimensional samples, with the physical limit.
+- busbw-samples.png: busbw against message size for ring, hierarchical, themis, NCCL's own
+  pick (on the H100 sample, a calibrated machine) and HiPIPE on the two-dimensional samples,
+  with the physical limit.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ TIMELINE_TOPOLOGY = SAMPLES / "topologies" / "dgx-h100-8x4.yaml"
 TIMELINE_SIZE = 256 << 20
 BENCH_TOPOLOGIES = ("dgx-h100-8x4.yaml", "torus-4x4.yaml")
 BENCH_SIZES = tuple(1 << k for k in range(16, 31, 2))  # 64 KiB .. 1 GiB
-BENCH_ALGORITHMS = ("ring", "hierarchical", "themis", "hipipe")
+BENCH_ALGORITHMS = ("ring", "hierarchical", "themis", "nccl", "hipipe")  # nccl: NCCL's pick, where NCCL runs
 
 
 def timeline(out: Path) -> Path:

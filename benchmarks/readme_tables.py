@@ -12,6 +12,8 @@ Regenerate the results, then the README:
     python benchmarks/compile_speed.py --save
     python benchmarks/training_table.py --save
     python benchmarks/coverage.py --save
+    python benchmarks/zoo.py --save                 # tens of minutes
+    python benchmarks/search_reference.py --save    # tens of minutes
     python benchmarks/readme_tables.py            # rewrites README.md and docs/pytorch.md; --check only compares
 
 tests/test_readme_results.py checks that README.md is what this renders, and re-runs a few
@@ -21,6 +23,7 @@ cells of each table.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import re
@@ -264,6 +267,42 @@ def coverage_cost(runs: list[dict]) -> str:
                     disable_numparse=True)
 
 
+def _zoo():
+    """benchmarks/zoo.py, which defines the zoo and its summary."""
+    spec = importlib.util.spec_from_file_location("zoo", REPO / "benchmarks" / "zoo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def zoo_table(path: Path = RESULTS / "zoo.csv") -> str:
+    """The zoo's distribution by size (benchmarks/zoo.py): U1, speedups and protocols."""
+    zoo = _zoo()
+    with open(path, newline="") as fh:
+        rows = zoo.summary(zoo.points(list(csv.DictReader(fh))))
+    return tabulate(rows, headers=zoo.HEADERS, tablefmt="github", disable_numparse=True)
+
+
+def zoo_slower(path: Path = RESULTS / "zoo.csv") -> str:
+    """How many of the zoo's points HiPIPE is slower than the best baseline at, of all."""
+    zoo = _zoo()
+    with open(path, newline="") as fh:
+        pts = zoo.points(list(csv.DictReader(fh)))
+    return f"{sum(p['over_best'] < 1.0 for p in pts)} of {len(pts)}"
+
+
+def search_reference(path: Path = RESULTS / "search-reference.csv") -> str:
+    """How close the search's picks come to the wider reference sweep (benchmarks/search_reference.py)."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    gaps = sorted((float(r["pick_us"]) / float(r["reference_us"]) - 1, r["topology"], int(r["nbytes"])) for r in rows)
+    within = sum(g <= 0.02 for g, _t, _n in gaps)
+    worst = gaps[-1]
+    return (f"within 2 % of the reference at {within} of {len(gaps)} points on {len({t for _g, t, _n in gaps})} "
+            f"topologies (median gap {100 * gaps[len(gaps) // 2][0]:+.1f} %, worst {100 * worst[0]:+.1f} % at "
+            f"{worst[1]} {size_label(worst[2])})")
+
+
 def sections() -> dict[str, str]:
     points = grid_points()
     machines = grid_points(RESULTS / "bench-machines.csv")
@@ -273,7 +312,8 @@ def sections() -> dict[str, str]:
             "over-nccl": over_nccl(machines), "over-nccl-large": over_nccl(machines, large=True),
             "machines": machines_table(machines),
             "fidelity": fidelity_table(), "fidelity-held": fidelity_summary(),
-            "protocol-targets": protocol_targets(points),
+            "protocol-targets": protocol_targets(points), "zoo": zoo_table(), "zoo-slower": zoo_slower(),
+            "search-reference": search_reference(),
             "coverage": coverage_table(coverage), "coverage-cost": coverage_cost(coverage)}
 
 

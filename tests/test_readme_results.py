@@ -21,11 +21,16 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "samples" / "results"
 
 
-def readme_tables():
-    spec = importlib.util.spec_from_file_location("readme_tables", REPO / "benchmarks" / "readme_tables.py")
+def benchmark(name: str):
+    """A script of benchmarks/, as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def readme_tables():
+    return benchmark("readme_tables")
 
 
 def test_the_readme_is_what_the_saved_results_render():
@@ -166,3 +171,38 @@ def test_the_quoted_compile_times_are_the_saved_ones():
     saved = json.loads((RESULTS / "compile-hipipe.json").read_text())
     for topology in ("C1", "C3", "C5", "C6"):
         assert f"{saved[topology]['seconds']:.1f} s for {topology}" in quoted
+
+
+def test_the_zoo_is_fixed_and_spans_what_it_promises():
+    """24 seeded topologies of 8 to 128 ranks, 2 and 3 dimensions, switches and rings, every one
+    with per-protocol latencies and per-call costs; the same on every call."""
+    zoo = benchmark("zoo")
+    topos = zoo.zoo()
+    assert len(topos) == 24
+    ranks = [t.nranks for t in topos.values()]
+    assert min(ranks) == 8 and max(ranks) == 128
+    assert {t.ndims for t in topos.values()} == {2, 3}
+    assert {d.kind for t in topos.values() for d in t.dimensions} == {"switch", "ring"}
+    assert all(d.per_protocol for t in topos.values() for d in t.dimensions)
+    assert all(t.call_cost("LL") > 0 for t in topos.values())
+    assert {name: t.to_document() for name, t in zoo.zoo().items()} == {n: t.to_document() for n, t in topos.items()}
+
+
+def test_a_zoo_point_reproduces():
+    """The smallest zoo topology at 1 MiB, compiled and timed again: the saved times."""
+    zoo = benchmark("zoo")
+    name = "zoo15-torus-4x2"
+    rows = run_grid(Grid({name: zoo.zoo()[name]}, (1 << 20,), "allreduce", ("hierarchical", "hipipe")), progress=False)
+    for row in rows:
+        saved = saved_row(name, 1 << 20, row.algorithm, "zoo.csv")
+        assert row.time_us == pytest.approx(float(saved["time_us"]), rel=1e-9), row.algorithm
+
+
+def test_hipipe_is_never_slower_than_a_baseline_on_the_zoo():
+    points = readme_tables().grid_points(RESULTS / "zoo.csv")
+    assert len(points) == 24 * 6
+    for (topology, nbytes), algos in points.items():
+        ours = float(algos["hipipe"]["time_us"])
+        for name, row in algos.items():
+            if row["time_us"] and name != "nccl":
+                assert ours <= float(row["time_us"]) * (1 + 1e-9), (topology, nbytes, name)

@@ -154,7 +154,11 @@ class NcclTimer:
             else:
                 pairs = max(1, channels // 2)
                 plan = tree_plan(topo, coll, pairs, protocol, label=f"nccl-tree-{protocol}", channels=pairs)
-            self.programs[key] = lower(plan, NCCL_LIMITS)
+            try:
+                self.programs[key] = lower(plan, NCCL_LIMITS)
+            except PlanError:  # a limit of our lowering (MSCCL's XML reader), not one NCCL has: say so
+                raise PlanError(f"NCCL's {algorithm} on {channels} channel(s) of {topo.label} is too large for "
+                                f"hipipe to simulate (over {NCCL_LIMITS.max_nodes} operations per rank)") from None
         return self.programs[key]
 
     def nvls_tasks(self, algorithm: str, nbytes: int, keep: int | None = None) -> list[Task]:

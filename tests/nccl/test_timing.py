@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 import hipipe_compiler.nccl.timing as timing
+from hipipe_compiler.errors import PlanError
 from hipipe_compiler.hardware import Latencies
 from hipipe_compiler.nccl.setup import channels_for
 from hipipe_compiler.nccl.timing import NcclTimer
@@ -80,3 +81,9 @@ def test_a_switch_reduce_and_a_multicast_store_move_at_the_in_switch_efficiency(
     tasks += [Task("store", r, dim=0, nbytes=share, deps=tuple(range(8))) for r in range(8)]
     # every port carries the 8 reduces' reads out (then the 8 stores in) at half its 100 GB/s
     assert run_dag(tasks, topo).time_us == pytest.approx(2 * (2.0 + 8 * share / 50e3))
+
+
+def test_a_ring_too_large_to_lower_is_named_as_hipipes_limit_not_nccls(monkeypatch):
+    monkeypatch.setattr(timing, "NCCL_LIMITS", replace(timing.NCCL_LIMITS, max_nodes=64))
+    with pytest.raises(PlanError, match=r"NCCL's ring on \d+ channel\(s\) of .* is too large for hipipe to simulate"):
+        NcclTimer(h100(2), "allreduce").run(1 << 20, "ring", "Simple")

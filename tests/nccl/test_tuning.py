@@ -41,7 +41,9 @@ def test_one_h100_node_picks_ring_ll_then_nvls_from_about_1_1_mb():
     while hi - lo > 1:  # the crossover, by bisection: "Ring/LL up to about 1.1 MB, NVLS/Simple above"
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if m.pick(mid) == ("ring", "LL") else (lo, mid)
-    assert 1.0e6 < hi < 1.2e6
+    # where the worked example's lines cross: 15.0 us + n / 80.6 GB/s = 25.0 us + n / 272 GB/s
+    # (nccl-tuning.md 2.4; its "about 1.1 MB"), within the rounding of 80.6
+    assert hi == pytest.approx((25.0 - 15.0) / (1 / 80.6e3 - 1 / 272.0e3), rel=1e-3)
     picks = {m.pick(1 << k) for k in range(3, 35)}
     assert picks == {("ring", "LL"), ("nvls", "Simple")}  # LL128 and Simple never win here
 

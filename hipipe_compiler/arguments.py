@@ -35,30 +35,29 @@ def integer_option(name: str, low: int, high: int | None = None) -> Callable[[st
     return parse
 
 
-def positive_option(name: str) -> Callable[[str], float]:
-    """A finite number > 0."""
+def number_option(name: str, zero: bool = False) -> Callable[[str], float]:
+    """A finite number > 0 (>= 0 with `zero`)."""
+    bound = ">= 0" if zero else "> 0"
+
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = float("nan")
-        if not (value > 0 and value != float("inf")):
-            raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+        if not ((value >= 0 if zero else value > 0) and value != float("inf")):
+            raise argparse.ArgumentTypeError(f"expected a number {bound}, got {text!r}")
         return value
     return parse
+
+
+def positive_option(name: str) -> Callable[[str], float]:
+    """A finite number > 0."""
+    return number_option(name)
 
 
 def nonnegative_option(name: str) -> Callable[[str], float]:
     """A finite number >= 0."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = float("nan")
-        if not (value >= 0 and value != float("inf")):
-            raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-        return value
-    return parse
+    return number_option(name, zero=True)
 
 
 def size_option(name: str) -> Callable[[str], int]:

@@ -179,14 +179,15 @@ def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | N
         from tqdm import tqdm
         bar = tqdm(total=len(tasks), desc="bench", unit="run", leave=False)
     cache: dict[Any, Program] = {}
-    timers: dict[tuple[str, str], NcclTimer] = {}
+    timers: dict[str, NcclTimer] = {}
     rows: list[BenchRow] = []
     for name, topo, size, algo in tasks:
         if bar is not None:
             bar.set_postfix_str(f"{name} {format_size(size)} {algo}")
         if algo in NCCL_RUNS:
-            timer = timers.setdefault((name, grid.collective), NcclTimer(topo, grid.collective))
-            rows.append(_run_nccl(name, topo, size, algo, timer))
+            if name not in timers:  # one per topology: it caches NCCL's programs across sizes
+                timers[name] = NcclTimer(topo, grid.collective)
+            rows.append(_run_nccl(name, topo, size, algo, timers[name]))
         else:
             rows.append(_run_one(name, topo, size, algo, grid, builders, extra, cache))
         if bar is not None:

@@ -30,7 +30,7 @@ from ..hardware import WIRE_EFFICIENCY
 from ..lower import lower
 from ..msccl.program import SENDING_TYPES, Program
 from ..msccl.runtime import Limits
-from ..schedule.baselines import ring_plan, tree_plan
+from ..schedule.baselines import nccl_plan
 from ..schedule.trees import nccl_tree_fits
 from ..sim.dag import Task, run_dag
 from ..sim.simulate import Replay, SimulationError, simulate
@@ -148,12 +148,8 @@ class NcclTimer:
         key = (self.topology.shape, tuple(d.kind for d in self.topology.dimensions), self.collective, algorithm,
                protocol, channels)
         if key not in self.programs:
-            topo, coll = self.topology, self.collective
-            if algorithm == "ring":
-                plan = ring_plan(topo, coll, channels, protocol, label=f"nccl-ring-{protocol}", channels=channels)
-            else:
-                pairs = max(1, channels // 2)
-                plan = tree_plan(topo, coll, pairs, protocol, label=f"nccl-tree-{protocol}", channels=pairs)
+            topo = self.topology
+            plan = nccl_plan(topo, algorithm, self.collective, protocol, channels=channels)
             try:
                 self.programs[key] = lower(plan, NCCL_LIMITS)
             except PlanError:  # a limit of our lowering (MSCCL's XML reader), not one NCCL has: say so

@@ -238,9 +238,8 @@ def _baselines(topology: Topology, collective: str, lo: int, hi: int, nominal: i
 def _protocol_baselines(topology: Topology, collective: str, lo: int, hi: int, nominal: int) -> list[Plan]:
     """The baselines under the other protocols, and NCCL's ring and tree under each (the tree
     for an all-reduce over a network where its links exist: every dimension but the innermost
-    a switch), on one channel: cheap to judge where latency decides. Bench runs NCCL's on
-    all their channels (baselines.nccl_plan), and its saved grid is checked point by
-    point against them (tests/test_readme_results.py)."""
+    a switch), on one channel: cheap to judge where latency decides. Bench times NCCL as it
+    runs, on its own channels (nccl/timing.py)."""
     out = [hierarchical_plan(topology, collective, 1, proto, min_bytes=lo, max_bytes=hi, nominal_bytes=nominal)
            for proto in ("LL", "LL128")]
     if collective == "allreduce" and nccl_tree_fits(topology):

@@ -164,13 +164,6 @@ def nccl_channels(topology: Topology) -> int:
     return max(1, min(NCCL_CHANNELS, per_node))
 
 
-#: Most channels of NCCL's tree baseline: each channel's two trees take about eight
-#: threadblocks per rank, and all of them must be resident at once.
-NCCL_TREE_CHANNELS = 8
-#: Chunk pairs per channel of NCCL's tree baseline (NCCL pipelines its trees by chunks).
-NCCL_TREE_CHUNKS = 2
-
-
 def nccl_plan(
     topology: Topology,
     algorithm: str,
@@ -179,19 +172,20 @@ def nccl_plan(
     min_bytes: int = 0,
     max_bytes: int = 0,
     nominal_bytes: int = 0,
+    channels: int | None = None,
 ) -> Plan:
-    """NCCL's `algorithm` as NCCL runs it: "ring", nccl_channels rings through every rank side
-    by side, one chunk each; "tree", as many channels (at most NCCL_TREE_CHANNELS) of trees,
-    NCCL_TREE_CHUNKS chunk pairs each. Each channel is translated to cross the dimensions
-    through other ports."""
-    channels = nccl_channels(topology)
+    """NCCL's `algorithm` as NCCL runs it on `channels` channels (nccl_channels by default):
+    "ring", one ring through every rank per channel, one chunk each; "tree", one tree of a
+    double binary tree per channel, so channels // 2 chunk pairs. Each channel is translated to
+    cross the dimensions through other ports."""
+    channels = nccl_channels(topology) if channels is None else channels
     if algorithm == "ring":
         return ring_plan(topology, collective, channels, protocol, min_bytes, max_bytes, nominal_bytes,
                          label=f"nccl-ring-{protocol}", channels=channels)
     if algorithm == "tree":
-        channels = min(NCCL_TREE_CHANNELS, channels)
-        return tree_plan(topology, collective, NCCL_TREE_CHUNKS * channels, protocol, min_bytes, max_bytes,
-                         nominal_bytes, channels=channels)
+        pairs = max(1, channels // 2)
+        return tree_plan(topology, collective, pairs, protocol, min_bytes, max_bytes, nominal_bytes,
+                         label=f"nccl-tree-{protocol}", channels=pairs)
     raise InputError(None, "algorithm", f"expected NCCL's ring or tree, got {algorithm!r}")
 
 

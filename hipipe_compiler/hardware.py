@@ -106,6 +106,7 @@ class GpuModel:
     name: str
     sm: int
     nvlink_links: int  # 0 for parts without NVLink (PCIe cards)
+    multiprocessors: int = 0  # SMs of the part (0: unknown): how many one-block-per-SM kernels' blocks stay resident
 
     @property
     def generation(self) -> str:
@@ -141,10 +142,10 @@ def nvlink_per_link(sm: int) -> float:
 
 #: GPU models by name: compute capability and NVLinks per GPU (SXM parts; PCIe parts have none).
 GPU_MODELS: dict[str, GpuModel] = {m.name.lower(): m for m in (
-    GpuModel("V100", 70, 6), GpuModel("A100", 80, 12), GpuModel("A800", 80, 8), GpuModel("A10", 86, 0),
-    GpuModel("A40", 86, 0), GpuModel("L40S", 89, 0), GpuModel("H100", 90, 18), GpuModel("H200", 90, 18),
-    GpuModel("H800", 90, 8), GpuModel("H20", 90, 18), GpuModel("B200", 100, 18), GpuModel("GB200", 100, 18),
-    GpuModel("B300", 103, 18), GpuModel("GB300", 103, 18),
+    GpuModel("V100", 70, 6, 80), GpuModel("A100", 80, 12, 108), GpuModel("A800", 80, 8, 108), GpuModel("A10", 86, 0, 72),
+    GpuModel("A40", 86, 0, 84), GpuModel("L40S", 89, 0, 142), GpuModel("H100", 90, 18, 132), GpuModel("H200", 90, 18, 132),
+    GpuModel("H800", 90, 8, 132), GpuModel("H20", 90, 18, 78), GpuModel("B200", 100, 18, 148), GpuModel("GB200", 100, 18, 148),
+    GpuModel("B300", 103, 18, 160), GpuModel("GB300", 103, 18, 160),
 )}
 
 

@@ -1,0 +1,231 @@
+"""The MSCCL++ execution plan: one frozen dataclass per JSON object of the executor's format
+(mscclpp.md section 2), and the executor's limits (section 6), most of which its loader does
+not check.
+
+>>> op = Op("put", "memory", src=(Operand("i", 0, 1),), dst=(Operand(None, 0, 1, buffer_id=0),))
+>>> op.remote_writes, op.local_reads
+(True, (Operand(buffer='i', index=0, size=1, buffer_id=None, switch_channel_id=None),))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+#: The executor's constants (src/core/include/execution_common.hpp at 1f5f065d).
+MAX_OPERATIONS = 64  # per threadblock, after pipeline flattening: the only limit the loader enforces
+MAX_CHANNELS = 16  # per threadblock and channel type; also remote buffers per access type
+MAX_CHANNELS_PER_OP = 8
+MAX_OPERANDS = 10  # per side of an operation
+MAX_BARRIERS = 16
+MAX_SEMAPHORES_PER_OP = 16
+MAX_THREADS = 1024
+MAX_PIPELINE_ITERATIONS = 65535  # read as uint16 on the device
+MAX_DEVICE_OFFSET = (1 << 32) - 1  # offsets and sizes are uint32 on the device
+DEFAULT_SCRATCH_BYTES = 1 << 27  # the executor's and the NCCL shim's scratch buffer
+MAX_MESSAGE_SIZE = (1 << 64) - 1
+
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "broadcast")
+CHANNEL_TYPES = ("memory", "port", "switch")
+BUFFER_TYPES = ("i", "o", "s")
+
+#: Operations by family (mscclpp.md section 4).
+SYNC_OPS = frozenset({"nop", "barrier"})
+SIGNAL_OPS = frozenset({"signal", "rlxsignal"})
+WAIT_OPS = frozenset({"wait", "rlxwait"})
+CHANNEL_OPS = SIGNAL_OPS | WAIT_OPS | {"flush"}
+SEMAPHORE_OPS = frozenset({"sem_acquire", "sem_release"})
+PACKET_OPS = frozenset({"cpkt", "upkt", "ppkt", "rppkt", "repkt", "respkt", "recpkt", "recspkt", "gstorepkt"})
+PLAIN_DATA_OPS = frozenset({"put", "pws", "pwsf", "get", "copy", "re", "res", "rre", "rres", "glres", "gstore"})
+DATA_OPS = PACKET_OPS | PLAIN_DATA_OPS
+OPERATIONS = SYNC_OPS | CHANNEL_OPS | SEMAPHORE_OPS | DATA_OPS | {"pipeline"}
+#: Operations whose first source is the local operand the others are summed into.
+REDUCING_OPS = frozenset({"re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt", "glres"})
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """`{type|buffer_id|switch_channel_id, index, size}`: chunks [index, index+size) of a local
+    buffer (`buffer`), of a peer buffer (`buffer_id`, tb-local) or of a multicast view."""
+
+    buffer: str | None
+    index: int
+    size: int
+    buffer_id: int | None = None
+    switch_channel_id: int | None = None
+
+    @property
+    def local(self) -> bool:
+        return self.buffer is not None
+
+    @property
+    def end(self) -> int:
+        return self.index + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One operation; each carries only its own family's fields (the device keeps them in a union)."""
+
+    name: str
+    channel_type: str = "none"
+    channel_ids: tuple[int, ...] = ()
+    src: tuple[Operand, ...] = ()
+    dst: tuple[Operand, ...] = ()
+    semaphore_ids: tuple[int, ...] = ()
+    barrier_id: int | None = None
+    num_threadblocks: int | None = None
+    tbg: tuple[int, int] | None = None  # (tb_id, tbg_size)
+    unit_size: int | None = None  # pipeline only
+    num_chunks: int | None = None  # pipeline only
+    ops: tuple["Op", ...] = ()  # pipeline only
+
+    @property
+    def local_reads(self) -> tuple[Operand, ...]:
+        return tuple(o for o in self.src if o.local)
+
+    @property
+    def local_writes(self) -> tuple[Operand, ...]:
+        return tuple(o for o in self.dst if o.local)
+
+    @property
+    def remote_writes(self) -> bool:
+        return any(o.buffer_id is not None for o in self.dst)
+
+    @property
+    def packet(self) -> bool:
+        return self.name in PACKET_OPS
+
+
+@dataclass(frozen=True, slots=True)
+class TbChannels:
+    """A threadblock's channels of one type: GPU-level indices; the position is the tb-local index."""
+
+    channel_type: str
+    channel_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TbBuffers:
+    """A threadblock's peer buffers of one access type: indices into the GPU's remote_buffers."""
+
+    access_channel_type: str
+    remote_buffer_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Threadblock:
+    id: int
+    ops: tuple[Op, ...]
+    channels: tuple[TbChannels, ...] = ()
+    remote_buffer_refs: tuple[TbBuffers, ...] = ()
+
+    def channel_list(self, channel_type: str) -> tuple[int, ...]:
+        return next((c.channel_ids for c in self.channels if c.channel_type == channel_type), ())
+
+    def buffer_list(self, channel_type: str) -> tuple[int, ...]:
+        return next((b.remote_buffer_ids for b in self.remote_buffer_refs if b.access_channel_type == channel_type), ())
+
+    def flat_ops(self) -> Iterator[Op]:
+        """The operations as the executor counts them: a pipeline's nested ops follow it."""
+        for op in self.ops:
+            yield op
+            yield from op.ops
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    """A channel declaration: memory/port to each peer of `connected_to`, or a switch channel."""
+
+    channel_type: str
+    connected_to: tuple[int, ...] = ()
+    buffer_type: str | None = None  # switch only
+    rank_groups: tuple[tuple[int, ...], ...] = ()  # switch only
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteBuffer:
+    rank: int
+    type: str
+    access_channel_types: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    id: int
+    input_chunks: int
+    output_chunks: int
+    scratch_chunks: int
+    threadblocks: tuple[Threadblock, ...]
+    channels: tuple[Channel, ...] = ()
+    remote_buffers: tuple[RemoteBuffer, ...] = ()
+    semaphores: tuple[int, ...] = ()  # init values
+
+    def peers(self, channel_type: str) -> tuple[int, ...]:
+        """The GPU-level channel table of one type: the peer of each index (mscclpp.md 3.1)."""
+        return tuple(p for c in self.channels if c.channel_type == channel_type for p in c.connected_to)
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    """One JSON execution plan: what every rank runs for calls within [min, max] bytes."""
+
+    name: str
+    collective: str
+    protocol: str
+    inplace: bool
+    gpus: tuple[GpuPlan, ...]
+    num_threads_per_block: int = MAX_THREADS
+    min_message_size: int = 0
+    max_message_size: int = MAX_MESSAGE_SIZE
+    buffer_alignment: int = 16
+    reuse_resources: bool = False
+    use_double_scratch_buffer: bool = False
+
+    @property
+    def ngpus(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def packets(self) -> bool:
+        """LL: the executor doubles the scratch and packet operands use 2C per chunk."""
+        return self.protocol == "LL"
+
+    @property
+    def max_threadblocks(self) -> int:
+        return max((len(g.threadblocks) for g in self.gpus), default=0)
+
+    @property
+    def max_ops(self) -> int:
+        return max((sum(1 for _ in tb.flat_ops()) for g in self.gpus for tb in g.threadblocks), default=0)
+
+
+def message_sizes(collective: str, nbytes: int, ngpus: int) -> tuple[int, int]:
+    """(input, output) bytes of a call of nbytes (the nccl-tests size) as the shim passes them."""
+    if collective == "allgather":
+        return nbytes // ngpus, nbytes
+    if collective == "reducescatter":
+        return nbytes, nbytes // ngpus
+    return nbytes, nbytes
+
+
+def chunk_bytes(plan: ExecutionPlan, nbytes: int) -> int:
+    """C: the one chunk size of every buffer for a call of nbytes (mscclpp.md 2.6)."""
+    inp, _ = message_sizes(plan.collective, nbytes, plan.ngpus)
+    return inp // plan.gpus[0].input_chunks
+
+
+def channel_pairs(plan: ExecutionPlan) -> dict[tuple[int, str, int], tuple[int, str, int]]:
+    """Endpoint (rank, type, GPU-level index) -> the peer's endpoint it pairs with: the t-th
+    channel A->B pairs with the t-th B->A (mscclpp.md 3.1). Unpaired endpoints are left out."""
+    out = {}
+    for g in plan.gpus:
+        for t in ("memory", "port"):
+            seen: dict[int, int] = {}
+            for i, p in enumerate(g.peers(t)):
+                k = seen.get(p, 0)
+                seen[p] = k + 1
+                back = [j for j, q in enumerate(plan.gpus[p].peers(t)) if q == g.id] if 0 <= p < plan.ngpus else []
+                if k < len(back):
+                    out[(g.id, t, i)] = (p, t, back[k])
+    return out

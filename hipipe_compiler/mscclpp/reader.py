@@ -1,0 +1,265 @@
+"""Execution plans from JSON, safely: bounded size and nesting, every field type-checked, and
+one InputError naming the file and the field (as `gpus[3].threadblocks[0].ops[5].src_buff[1].index`)
+where the executor's loader would throw, read garbage or crash (mscclpp.md 2 and 6).
+
+>>> plan = read_plan_text('{"name": "x", "collective": "allreduce", "protocol": "Simple", "inplace": false, "gpus": []}')
+>>> plan.name, plan.ngpus
+('x', 0)
+>>> read_plan_text('{"name": "x", "collective": "allreduce", "protocol": "Simple", "inplace": 1, "gpus": []}')
+Traceback (most recent call last):
+...
+hipipe_compiler.errors.InputError: <plan>: inplace: expected true or false, got 1
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .plan import (BUFFER_TYPES, MAX_MESSAGE_SIZE, Channel, ExecutionPlan, GpuPlan, Op, Operand, RemoteBuffer,
+                   TbBuffers, TbChannels, Threadblock)
+
+MAX_FILE_BYTES = 256 << 20
+MAX_DEPTH = 32
+MAX_INT = (1 << 64) - 1
+
+
+class _Reader:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, field: str, message: str) -> InputError:
+        return InputError(self.source, field or None, message)
+
+    def obj(self, value: Any, field: str) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(field, f"expected an object, got {_kind(value)}")
+        return value
+
+    def list(self, value: Any, field: str) -> list:
+        if not isinstance(value, list):
+            raise self.fail(field, f"expected a list, got {_kind(value)}")
+        return value
+
+    def int(self, doc: dict, key: str, field: str, default: int | None = None, low: int = 0, high: int = MAX_INT) -> int:
+        value = doc.get(key, default)
+        where = f"{field}.{key}" if field else key
+        if value is None:
+            raise self.fail(where, "expected an integer; the loader requires it")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.fail(where, f"expected an integer from {low} to {high}, got {_short(value)}")
+        return value
+
+    def str(self, doc: dict, key: str, field: str, default: str | None = None, choices: tuple[str, ...] | None = None) -> str:
+        value = doc.get(key, default)
+        where = f"{field}.{key}" if field else key
+        if not isinstance(value, str):
+            raise self.fail(where, f"expected a string; got {_short(value)}")
+        if choices is not None and value not in choices:
+            raise self.fail(where, f"expected one of {', '.join(choices)}, got {_short(value)}")
+        return value
+
+    def bool(self, doc: dict, key: str, field: str, default: bool | None = None) -> bool:
+        value = doc.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{field}.{key}" if field else key, f"expected true or false, got {_short(value)}")
+        return value
+
+    def ints(self, doc: dict, key: str, field: str, high: int = MAX_INT) -> tuple[int, ...]:
+        where = f"{field}.{key}"
+        values = self.list(doc.get(key), where)
+        out = []
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= high:
+                raise self.fail(f"{where}[{i}]", f"expected an integer from 0 to {high}, got {_short(v)}")
+            out.append(v)
+        return tuple(out)
+
+    # -- the format ---------------------------------------------------------------------------
+    def plan(self, doc: Any) -> ExecutionPlan:
+        doc = self.obj(doc, "")
+        gpus = self.list(doc.get("gpus"), "gpus")
+        return ExecutionPlan(
+            name=self.str(doc, "name", ""), collective=self.str(doc, "collective", ""),
+            protocol=self.str(doc, "protocol", ""), inplace=self.bool(doc, "inplace", ""),
+            gpus=tuple(self.gpu(g, f"gpus[{i}]") for i, g in enumerate(gpus)),
+            num_threads_per_block=self.int(doc, "num_threads_per_block", "", 1024, 1, 1 << 31),
+            min_message_size=self.int(doc, "min_message_size", "", 0),
+            max_message_size=self.int(doc, "max_message_size", "", MAX_MESSAGE_SIZE),
+            buffer_alignment=self.int(doc, "buffer_alignment", "", 16, 1, 1 << 31),
+            reuse_resources=self.bool(doc, "reuse_resources", "", False),
+            use_double_scratch_buffer=self.bool(doc, "use_double_scratch_buffer", "", False),
+        )
+
+    def gpu(self, doc: Any, field: str) -> GpuPlan:
+        doc = self.obj(doc, field)
+        channels = []
+        for i, c in enumerate(self.list(doc.get("channels"), f"{field}.channels")):
+            where = f"{field}.channels[{i}]"
+            c = self.obj(c, where)
+            kind = self.str(c, "channel_type", where, choices=("memory", "port", "switch"))
+            if kind == "switch":
+                groups = []
+                for k, grp in enumerate(self.list(c.get("rank_groups"), f"{where}.rank_groups")):
+                    groups.append(self.ints(self.obj(grp, f"{where}.rank_groups[{k}]"), "ranks", f"{where}.rank_groups[{k}]"))
+                channels.append(Channel(kind, (), self.str(c, "buffer_type", where, choices=BUFFER_TYPES), tuple(groups)))
+            else:
+                channels.append(Channel(kind, self.ints(c, "connected_to", where)))
+        buffers = []
+        for i, b in enumerate(self.list(doc.get("remote_buffers"), f"{field}.remote_buffers")):
+            where = f"{field}.remote_buffers[{i}]"
+            b = self.obj(b, where)
+            kinds = self.list(b.get("access_channel_types"), f"{where}.access_channel_types")
+            if not all(k in ("memory", "port") for k in kinds):
+                raise self.fail(f"{where}.access_channel_types", "expected memory or port entries")
+            buffers.append(RemoteBuffer(self.int(b, "rank", where), self.str(b, "type", where, choices=BUFFER_TYPES),
+                                        tuple(kinds)))
+        sems = []
+        for i, s in enumerate(self.list(doc.get("semaphores", []), f"{field}.semaphores")):
+            sems.append(self.int(self.obj(s, f"{field}.semaphores[{i}]"), "init_value", f"{field}.semaphores[{i}]", 0, 0, 1 << 20))
+        tbs = tuple(self.threadblock(tb, f"{field}.threadblocks[{i}]")
+                    for i, tb in enumerate(self.list(doc.get("threadblocks"), f"{field}.threadblocks")))
+        return GpuPlan(self.int(doc, "id", field), self.int(doc, "input_chunks", field, None, 0, 1 << 31),
+                       self.int(doc, "output_chunks", field, None, 0, 1 << 31),
+                       self.int(doc, "scratch_chunks", field, None, 0, 1 << 31), tbs, tuple(channels), tuple(buffers),
+                       tuple(sems))
+
+    def threadblock(self, doc: Any, field: str) -> Threadblock:
+        doc = self.obj(doc, field)
+        channels = []
+        for i, c in enumerate(self.list(doc.get("channels"), f"{field}.channels")):
+            where = f"{field}.channels[{i}]"
+            c = self.obj(c, where)
+            channels.append(TbChannels(self.str(c, "channel_type", where, choices=("memory", "port", "switch")),
+                                       self.ints(c, "channel_ids", where)))
+        refs = []
+        for i, b in enumerate(self.list(doc.get("remote_buffer_refs", []), f"{field}.remote_buffer_refs")):
+            where = f"{field}.remote_buffer_refs[{i}]"
+            b = self.obj(b, where)
+            refs.append(TbBuffers(self.str(b, "access_channel_type", where, choices=("memory", "port")),
+                                  self.ints(b, "remote_buffer_ids", where)))
+        ops = tuple(self.op(o, f"{field}.ops[{i}]", True) for i, o in enumerate(self.list(doc.get("ops"), f"{field}.ops")))
+        return Threadblock(self.int(doc, "id", field), ops, tuple(channels), tuple(refs))
+
+    def op(self, doc: Any, field: str, top: bool) -> Op:
+        doc = self.obj(doc, field)
+        name = self.str(doc, "name", field)
+        if name == "pipeline":
+            if not top:
+                raise self.fail(f"{field}.name", "pipelines do not nest")
+            ctx = self.obj(doc.get("iter_context"), f"{field}.iter_context")
+            nested = tuple(self.op(o, f"{field}.ops[{i}]", False) for i, o in enumerate(self.list(doc.get("ops"), f"{field}.ops")))
+            return Op(name, unit_size=self.int(ctx, "unit_size", f"{field}.iter_context", None, 1, 1 << 32),
+                      num_chunks=self.int(ctx, "num_chunks", f"{field}.iter_context", None, 1, 1 << 31), ops=nested)
+        if name == "barrier":
+            return Op(name, barrier_id=self.int(doc, "barrier_id", field, None, 0, 1 << 16),
+                      num_threadblocks=self.int(doc, "num_threadblocks", field, None, 1, 1 << 16))
+        if name in ("sem_acquire", "sem_release"):
+            return Op(name, semaphore_ids=self.ints(doc, "semaphore_ids", field))
+        tbg = None
+        if "tbg_info" in doc:
+            info = self.obj(doc["tbg_info"], f"{field}.tbg_info")
+            tbg = (self.int(info, "tb_id", f"{field}.tbg_info"), self.int(info, "tbg_size", f"{field}.tbg_info", None, 1))
+        return Op(
+            name, self.str(doc, "channel_type", field, "none", ("memory", "port", "switch", "none")),
+            self.ints(doc, "channel_ids", field) if "channel_ids" in doc else (),
+            self.operands(doc, "src_buff", field), self.operands(doc, "dst_buff", field), tbg=tbg)
+
+    def operands(self, doc: dict, key: str, field: str) -> tuple[Operand, ...]:
+        if key not in doc:
+            return ()
+        out = []
+        for i, o in enumerate(self.list(doc[key], f"{field}.{key}")):
+            where = f"{field}.{key}[{i}]"
+            o = self.obj(o, where)
+            index, size = self.int(o, "index", where, None, 0, 1 << 32), self.int(o, "size", where, None, 0, 1 << 32)
+            if "type" in o:
+                out.append(Operand(self.str(o, "type", where, choices=BUFFER_TYPES), index, size))
+            elif "buffer_id" in o:
+                out.append(Operand(None, index, size, buffer_id=self.int(o, "buffer_id", where, None, 0, 1 << 16)))
+            elif "switch_channel_id" in o:
+                out.append(Operand(None, index, size, switch_channel_id=self.int(o, "switch_channel_id", where, None, 0, 1 << 16)))
+            else:
+                raise self.fail(where, "expected one of type, buffer_id or switch_channel_id")
+        return tuple(out)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, (set, bytes)) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _depth(text: str) -> int:
+    depth = deepest = 0
+    in_string = escape = False
+    for ch in text:
+        if in_string:
+            escape = not escape and ch == "\\"
+            if ch == '"' and not escape:
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
+def read_plan_text(text: str, source: str = "<plan>") -> ExecutionPlan:
+    if _depth(text) > MAX_DEPTH:
+        raise InputError(source, None, f"nested deeper than {MAX_DEPTH} levels; an execution plan needs 8")
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InputError(source, None, f"not valid JSON: {exc}") from None
+    return _Reader(source).plan(doc)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_plan(path: str | Path) -> ExecutionPlan:
+    """Read an execution plan file; InputError (exit 2) naming the file and field when it is bad."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise InputError(str(path), None, f"{size} bytes; plans over {MAX_FILE_BYTES >> 20} MiB are refused")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(str(path), None, "not UTF-8 text") from None
+    return read_plan_text(text, str(path))
+
+
+def looks_like_plan(path: str | Path) -> bool:
+    """Whether a file is a JSON plan rather than MSCCL XML: its first non-blank character is '{'."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(512).lstrip()
+    except OSError:
+        return False
+    return head.startswith(b"{")

@@ -1,0 +1,241 @@
+"""The time of an execution plan under cost-model.md, on the network of sim/network.py.
+
+What each operation costs (docs/mscclpp.md of the project has the table):
+- a put (memory channel) is a message from this rank to the peer: its bytes at the shared
+  rate of its links, and the threadblock moves on when they have arrived; the signal that
+  publishes it pays the latency. A packet put (`ppkt`, `rppkt`, `respkt`) publishes itself:
+  LL's alpha, then twice the bytes;
+- a port channel's put is handed to the proxy: alpha, then its bytes; the threadblock moves
+  on at once (`pwsf` waits for the arrival), and a signal behind it arrives with it;
+- a signal arrives after the link's alpha; a wait ends when a signal has arrived; a
+  semaphore costs nothing beyond its order; a packet read waits until its packets arrived;
+- local work (copy, reduce, packing) runs at the topology's reduce bandwidth (free when it
+  has none), before the operation's remote stores;
+- every threadblock starts after the call cost of the plan's protocol.
+
+>>> from hipipe_compiler.presets import preset
+>>> from hipipe_compiler.schedule import hierarchical_plan
+>>> from hipipe_compiler.mscclpp.fitting import fit
+>>> topo = preset("dgx-h100-8x2")
+>>> _, plan = fit(hierarchical_plan(topo, max_bytes=1 << 20), topo, "demo")
+>>> result = time_plan(plan, topo, 1 << 20)
+>>> result.time_us > result.lower_bound_us > 0
+True
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+
+from ..bounds import lower_bound, one_protocol_bound_us
+from ..hardware import WIRE_EFFICIENCY
+from ..sim.network import NETWORK_EVENTS, Message, Network
+from ..sim.simulate import DimensionUsage, SimResult, SimulationError
+from ..topology import Topology
+from .plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs, message_sizes
+from .verify.structure import packet_operand
+
+LOCAL_OPS = frozenset({"copy", "re", "res", "rre", "rres", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt"})
+
+
+class _Run:
+    __slots__ = ("rank", "id", "ops", "pc", "phase", "pending", "key")
+
+    def __init__(self, rank: int, tb_id: int, ops: list[Op]) -> None:
+        self.rank, self.id, self.ops = rank, tb_id, ops
+        self.pc = 0
+        self.phase = "start"
+        self.pending = 0  # messages the current operation waits for
+        self.key = (rank, tb_id)
+
+
+class _Timer:
+    def __init__(self, plan: ExecutionPlan, topology: Topology, nbytes: int) -> None:
+        if plan.ngpus != topology.nranks:
+            raise SimulationError(f"the plan is for {plan.ngpus} ranks but the topology has {topology.nranks}", 2)
+        inp, out = message_sizes(plan.collective, nbytes, plan.ngpus)
+        g0 = plan.gpus[0]
+        if inp % (plan.buffer_alignment * g0.input_chunks) or out % (plan.buffer_alignment * g0.output_chunks):
+            raise SimulationError(f"{nbytes} bytes do not split into the plan's chunks on {plan.buffer_alignment}-byte "
+                                  "boundaries: the executor refuses the call", 2)
+        if not plan.min_message_size <= (out if plan.collective == "allgather" else inp) <= plan.max_message_size:
+            raise SimulationError(f"{nbytes} bytes are outside the plan's [min_message_size, max_message_size]", 2)
+        self.plan, self.topology = plan, topology
+        self.chunk = inp / g0.input_chunks
+        self.net = Network(topology, "Simple")
+        self.net.on_arrival = self.arrive
+        self.g = topology.reduce_bandwidth * 1e3 if topology.reduce_bandwidth else None
+        self.runs = [_Run(g.id, tb.id, [n for op in tb.ops for n in ((op,) if op.name != "pipeline" else op.ops)])
+                     for g in plan.gpus for tb in g.threadblocks]
+        self.tb_plan = {(g.id, tb.id): tb for g in plan.gpus for tb in g.threadblocks}
+        self.pair = channel_pairs(plan)
+        self.signals: dict[tuple, int] = defaultdict(int)  # arrived, not yet waited for
+        self.semaphores: dict[tuple, int] = {(g.id, s): v for g in plan.gpus for s, v in enumerate(g.semaphores)}
+        self.packets: set[tuple[int, int]] = set()  # (rank, scratch cell) holding this launch's packets
+        self.blocked: dict[tuple, list[_Run]] = defaultdict(list)
+        self.port_tail: dict[tuple, Message] = {}  # the last port put on each connection
+        self.behind: dict[int, list[tuple]] = defaultdict(list)  # signals that arrive with a message
+        self.last = 0.0
+
+    def run(self) -> float:
+        start = self.topology.call_cost(self.plan.protocol)
+        self.last = start
+        for r in self.runs:
+            self.net.schedule(start, "go", r)
+        net = self.net
+        while net.events:
+            time, _seq, kind, obj, version = heapq.heappop(net.events)
+            net.now = time
+            if kind in NETWORK_EVENTS:
+                net.handle(kind, obj, version)
+            elif kind == "go":
+                self.advance(obj)
+            elif kind == "local":
+                obj.phase = "remote"
+                self.advance(obj)
+            elif kind == "signal":
+                self.deliver(obj)
+        stuck = [r for r in self.runs if r.pc < len(r.ops)]
+        if stuck:
+            r = stuck[0]
+            raise SimulationError(f"deadlock: rank {r.rank} tb {r.id} never finishes op {r.pc} ({r.ops[r.pc].name}); "
+                                  f"{len(stuck)} threadblock(s) stuck")
+        return self.last
+
+    # -- threadblocks -------------------------------------------------------------------------
+    def advance(self, r: _Run) -> None:
+        while r.pc < len(r.ops):
+            op = r.ops[r.pc]
+            if not self.step(r, op):
+                return
+            r.pc += 1
+            r.phase = "start"
+            self.last = max(self.last, self.net.now)
+
+    def endpoint(self, r: _Run, op: Op, local: int) -> tuple[int, str, int]:
+        return (r.rank, op.channel_type, self.tb_plan[r.key].channel_list(op.channel_type)[local])
+
+    def step(self, r: _Run, op: Op) -> bool:
+        """Run an operation as far as it can go now; True when it is complete."""
+        name = op.name
+        if name in ("nop", "flush", "barrier"):
+            return True
+        if name in ("wait", "rlxwait"):
+            ends = [self.endpoint(r, op, c) for c in op.channel_ids]
+            for e in ends:
+                if self.signals[e] <= 0:
+                    self.blocked[("q", e)].append(r)
+                    return False
+            for e in ends:
+                self.signals[e] -= 1
+            return True
+        if name in ("signal", "rlxsignal"):
+            for c in op.channel_ids:
+                self.signal(r, op, c)
+            return True
+        if name == "sem_release":
+            for s in op.semaphore_ids:
+                self.semaphores[(r.rank, s)] += 1
+                self.wake(("sem", r.rank, s))
+            return True
+        if name == "sem_acquire":
+            for s in op.semaphore_ids:
+                if self.semaphores[(r.rank, s)] <= 0:
+                    self.blocked[("sem", r.rank, s)].append(r)
+                    return False
+            for s in op.semaphore_ids:
+                self.semaphores[(r.rank, s)] -= 1
+            return True
+        return self.data(r, op)
+
+    def data(self, r: _Run, op: Op) -> bool:
+        if r.phase == "start":
+            for k, o in enumerate(op.src):
+                if packet_operand(op.name, True, k) and o.buffer is not None:
+                    cells = range(2 * o.index, 2 * o.end)
+                    if not all((r.rank, c) in self.packets for c in cells):
+                        self.blocked[("pkt", r.rank)].append(r)
+                        return False
+            size = op.src[0].size * self.chunk if op.src else 0.0
+            if op.name in LOCAL_OPS and self.g:
+                r.phase = "local"
+                self.net.schedule(self.net.now + size / self.g, "local", r)
+                return False
+            r.phase = "remote"
+        if r.phase == "remote":
+            port = op.channel_type == "port"
+            r.pending = 0
+            for k, o in enumerate(op.dst):
+                if o.buffer_id is not None:
+                    self.send(r, op, o, packet_operand(op.name, False, k), wait=not port or op.name == "pwsf")
+            if port and op.name in ("pws", "pwsf"):
+                self.signal(r, op, op.channel_ids[0])
+            if r.pending:
+                r.phase = "await"
+                return False
+            return True
+        return r.phase == "done"
+
+    def send(self, r: _Run, op: Op, o: Operand, packet: bool, wait: bool) -> None:
+        ref = self.plan.gpus[r.rank].remote_buffers[self.tb_plan[r.key].buffer_list(op.channel_type)[o.buffer_id]]
+        try:
+            resources, dim, _ = self.net.link(r.rank, ref.rank)
+        except ValueError as exc:
+            raise SimulationError(str(exc), 2) from None
+        protocol = "LL" if op.name in PACKET_OPS else "Simple"
+        # a memory put is stores streaming out: the signal behind it pays the latency
+        alpha = self.topology.dimensions[dim].alpha(protocol) if protocol == "LL" or op.channel_type == "port" else 0.0
+        msg = Message((r, wait, ref.rank, (2 * o.index, 2 * o.end) if packet else None), resources, dim,
+                      o.size * self.chunk / WIRE_EFFICIENCY[protocol], alpha)
+        if op.channel_type == "port":
+            self.port_tail[self.endpoint(r, op, op.channel_ids[0] if op.channel_ids else 0)] = msg
+        if wait:
+            r.pending += 1
+        self.net.send(msg)
+
+    def arrive(self, msg: Message) -> None:
+        r, wait, rank, packets = msg.owner
+        if packets is not None:
+            self.packets.update((rank, c) for c in range(*packets))
+            self.wake(("pkt", rank))
+        for peer in self.behind.pop(id(msg), []):
+            self.deliver(peer)
+        if wait:
+            r.pending -= 1
+            if r.pending == 0 and r.phase == "await":
+                r.phase = "done"
+                self.advance(r)
+        self.last = max(self.last, self.net.now)
+
+    def signal(self, r: _Run, op: Op, local: int) -> None:
+        mine = self.endpoint(r, op, local)
+        peer = self.pair.get(mine)
+        if peer is None:
+            raise SimulationError(f"rank {r.rank} {op.channel_type} channel {mine[2]} has no paired channel", 2)
+        tail = self.port_tail.get(mine) if op.channel_type == "port" else None
+        if tail is not None and not tail.arrived:
+            self.behind[id(tail)].append(peer)  # the proxy delivers in order: the signal follows the data
+            return
+        _, dim, _ = self.net.link(r.rank, peer[0])
+        self.net.schedule(self.net.now + self.topology.dimensions[dim].alpha("Simple"), "signal", peer)
+
+    def deliver(self, endpoint: tuple) -> None:
+        self.signals[endpoint] += 1
+        self.wake(("q", endpoint))
+
+    def wake(self, key: tuple) -> None:
+        for r in self.blocked.pop(key, []):
+            self.net.schedule(self.net.now, "go", r)
+
+
+def time_plan(plan: ExecutionPlan, topology: Topology, nbytes: int) -> SimResult:
+    """Time one call of nbytes (the nccl-tests size) of an execution plan on a topology."""
+    timer = _Timer(plan, topology, nbytes)
+    time = timer.run()
+    bound = lower_bound(topology, plan.collective, nbytes)
+    busy = timer.net.busy_fractions(time)
+    n = topology.nranks
+    dims = tuple(DimensionUsage(topology.dim_name(d), timer.net.dim_bytes[d] / n, busy[d]) for d in range(topology.ndims))
+    return SimResult(plan.collective, nbytes, n, time, None if bound is None else bound.total_us, 1, dims, (),
+                     one_protocol_bound_us(topology, plan.collective, nbytes))

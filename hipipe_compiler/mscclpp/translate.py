@@ -1,0 +1,373 @@
+"""Lowering for a one-sided runtime: a Program (two-sided MSCCL steps) in, an MSCCL++
+execution plan out, following mscclpp.md sections 5 and 7.
+
+- Every receive gets its own slot in the receiver's scratch for the launch, so no slot is
+  reused within a launch; the sender writes into it and signals (memory channel), or the
+  proxy does (`pws` on a port channel, from a scratch source it never rewrites in the
+  launch); LL sends packets into the slot and needs no signal.
+- Dependencies between threadblocks become semaphores, one per (producer, consumer) pair.
+- Local hazards get a `nop` (section 3.3): before a signal or release that publishes writes,
+  after a wait or acquire before data is used, and between overlapping local operations.
+- A closing handshake on every connection (the receiver signals once it has read all its
+  slots; the sender waits for it) makes the next launch's writes land after this launch's
+  reads, and proves that the proxy has read every port source before the kernel ends.
+  An LL plan inside one node needs none: it moves packets only, on a double scratch buffer
+  that alternates halves between launches, and no rank can finish a launch before every
+  other rank has started it (its result needs their inputs), so a write of launch N+1 never
+  meets a read of launch N-1.
+
+>>> from hipipe_compiler.presets import preset
+>>> from hipipe_compiler.schedule import hierarchical_plan
+>>> from hipipe_compiler.lower import lower
+>>> topo = preset("dgx-h100-8x2")
+>>> plan = translate(lower(hierarchical_plan(topo, max_bytes=1 << 20)), topo, "demo")
+>>> plan.ngpus, plan.protocol, plan.max_ops <= 64
+(16, 'Simple', True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ..errors import PlanError
+from ..msccl.program import Program, Step, buffer_chunks
+from ..topology import Topology
+from .memory import LAYOUTS, aliased_layout, overlaps, where
+from .plan import (MAX_MESSAGE_SIZE, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, Channel, ExecutionPlan, GpuPlan, Op,
+                   Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock)
+
+IN_NODE_LINKS = ("nvlink", "pcie")
+Conn = tuple[int, int, int]  # (channel, sender, receiver) of the MSCCL program
+
+
+def ranks_per_node(topology: Topology) -> int:
+    """Ranks that reach each other over CUDA IPC (memory channels): the leading dimensions
+    linked by NVLink or PCIe; the innermost dimension alone where no link type is given."""
+    n = 1
+    for d, dim in enumerate(topology.dimensions):
+        if dim.link in IN_NODE_LINKS or (d == 0 and dim.link is None):
+            n *= dim.size
+        else:
+            break
+    return n
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a receive lands: chunks [index, index+size) of the receiver's scratch, as packets or plain."""
+
+    index: int
+    size: int
+    packet: bool
+
+
+class _Ops:
+    """A threadblock's operations, with the nops that section 3.3 requires placed as they are added."""
+
+    def __init__(self, collective: str, rank: int, ni: int, no: int) -> None:
+        self.ops: list[Op] = []
+        self.touched: list[tuple[tuple[str, int, int], bool]] = []  # since the last nop: (place, written)
+        self.dirty = False  # a data operation since the last nop
+        self.synced = True  # no wait or acquire since the last nop
+        self.places = lambda o: [where(collective, rank, ni, no, layout, o.buffer, o.index, o.size) for layout in LAYOUTS
+                                 if layout in ("separate", aliased_layout(collective))]
+
+    def nop(self) -> None:
+        self.ops.append(Op("nop"))
+        self.touched, self.dirty, self.synced = [], False, True
+
+    def data(self, op: Op) -> None:
+        reads = [p for o in op.local_reads for p in self.places(o)]
+        writes = [p for o in op.local_writes for p in self.places(o)]
+        clash = any(overlaps(w, q) for w in writes for q, _ in self.touched) or any(
+            overlaps(r, q) for r in reads for q, written in self.touched if written)
+        if clash or not self.synced:
+            self.nop()
+        self.ops.append(op)
+        self.touched += [(r, False) for r in reads] + [(w, True) for w in writes]
+        self.dirty = True
+
+    def publish(self, op: Op) -> None:
+        if self.dirty:
+            self.nop()
+        self.ops.append(op)
+
+    def sync_in(self, op: Op) -> None:
+        self.ops.append(op)
+        self.synced = False
+
+
+@dataclass
+class _Rank:
+    """Per rank: channel tables, peer buffers, semaphores and scratch, built as threadblocks are emitted."""
+
+    memory: list[int] = field(default_factory=list)
+    port: list[int] = field(default_factory=list)
+    channel_of: dict[Conn, tuple[str, int]] = field(default_factory=dict)
+    buffers: list[RemoteBuffer] = field(default_factory=list)
+    semaphores: int = 0
+    plain_end: int = 0
+    packet_end: int = 0
+
+    def remote_scratch(self, peer: int, kind: str) -> int:
+        buf = RemoteBuffer(peer, "s", (kind,))
+        if buf not in self.buffers:
+            self.buffers.append(buf)
+        return self.buffers.index(buf)
+
+    def staging(self, size: int) -> Operand:
+        slot = Operand("s", self.plain_end, size)
+        self.plain_end += size
+        return slot
+
+
+def translate(program: Program, topology: Topology, name: str, inplace: bool = False,
+              node_size: int | None = None) -> ExecutionPlan:
+    """The execution plan that runs `program` on MSCCL++; PlanError when it cannot be expressed
+    within the executor's limits (the message names the limit)."""
+    if program.protocol == "LL128":
+        raise PlanError("MSCCL++ has no LL128: compile for it with Simple or LL")
+    if program.ngpus != topology.nranks:
+        raise PlanError(f"the program is for {program.ngpus} ranks but the topology has {topology.nranks}")
+    node = node_size or ranks_per_node(topology)
+    packets = program.protocol == "LL"
+    ranks = [_Rank() for _ in program.gpus]
+    conns = _connections(program)
+    kind = {c: ("memory" if c[1] // node == c[2] // node else "port") for c in conns}
+    for r, state in enumerate(ranks):
+        for peer in sorted({c[1] if c[2] == r else c[2] for c in conns if r in c[1:]}):
+            for c in sorted(c for c in conns if {c[1], c[2]} == {r, peer}):
+                table = state.memory if kind[c] == "memory" else state.port
+                state.channel_of[c] = (kind[c], len(table))
+                table.append(peer)
+    double = packets and all(k == "memory" for k in kind.values())
+    slots = _receive_slots(program, kind, packets, ranks)
+    sends = {key: slot for key, slot in _send_slots(program, slots).items()}
+    edges = _semaphores(program, ranks)
+    gpus = []
+    logical = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
+    for gpu in program.gpus:
+        state = ranks[gpu.id]
+        tbs = []
+        for tb in gpu.threadblocks:
+            emit = _Emission(program, gpu.id, tb, state, kind, slots, sends, edges, logical, closing=not double)
+            tbs.append(emit.threadblock())
+        scratch = max(math.ceil(state.plain_end / 2), state.packet_end) if packets else state.plain_end
+        channels = tuple(Channel(t, tuple(peers)) for t, peers in (("memory", state.memory), ("port", state.port)) if peers)
+        gpus.append(GpuPlan(gpu.id, logical["i"], logical["o"], scratch, tuple(tbs), channels, tuple(state.buffers),
+                            (0,) * state.semaphores))
+    max_bytes = program.max_bytes or MAX_MESSAGE_SIZE
+    return ExecutionPlan(name, program.collective, "LL" if packets else "Simple", inplace, tuple(gpus),
+                         min_message_size=program.min_bytes, max_message_size=max_bytes, use_double_scratch_buffer=double)
+
+
+def _connections(program: Program) -> set[Conn]:
+    out = set()
+    for gpu, tb in program.threadblocks():
+        if tb.send >= 0:
+            out.add((tb.chan, gpu.id, tb.send))
+        if tb.recv >= 0:
+            out.add((tb.chan, tb.recv, gpu.id))
+    return out
+
+
+def _real_steps(steps: tuple[Step, ...]) -> list[tuple[int, Step, list[tuple[int, int]]]]:
+    """(position, step, dependencies) of each real step; a nop's dependency joins the next real step's."""
+    out, pending = [], []
+    for pos, st in enumerate(steps):
+        if st.depid >= 0:
+            pending.append((st.depid, st.deps))
+        if st.type != "nop":
+            out.append((pos, st, pending))
+            pending = []
+    return out
+
+
+def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks: list[_Rank]) -> dict:
+    """Each receive's slot, keyed (rank, tb, position): packet slots first (they take 2C per
+    chunk, mscclpp.md 3.4), then the program's own scratch, then plain slots."""
+    out: dict[tuple[int, int, int], Slot] = {}
+    for gpu in program.gpus:
+        state = ranks[gpu.id]
+        receives = [(tb, pos, st) for tb in gpu.threadblocks for pos, st, _ in _real_steps(tb.steps) if st.receives]
+        for tb, pos, st in receives:
+            if packets and kind[(tb.chan, tb.recv, gpu.id)] == "memory":
+                out[(gpu.id, tb.id, pos)] = Slot(state.packet_end, st.cnt, True)
+                state.packet_end += st.cnt
+        state.plain_end = 2 * state.packet_end + gpu.s_chunks
+        for tb, pos, st in receives:
+            if (gpu.id, tb.id, pos) not in out:
+                out[(gpu.id, tb.id, pos)] = Slot(state.plain_end, st.cnt, False)
+                state.plain_end += st.cnt
+    return out
+
+
+def _send_slots(program: Program, slots: dict) -> dict:
+    """The receiver's slot of each send, keyed (rank, tb, position): the k-th send on a
+    connection lands in the slot of the k-th receive on it."""
+    queues: dict[Conn, list[Slot]] = defaultdict(list)
+    for gpu in program.gpus:
+        for tb in gpu.threadblocks:
+            for pos, st, _ in _real_steps(tb.steps):
+                if st.receives:
+                    queues[(tb.chan, tb.recv, gpu.id)].append(slots[(gpu.id, tb.id, pos)])
+    out = {}
+    for gpu in program.gpus:
+        for tb in gpu.threadblocks:
+            sent = 0
+            for pos, st, _ in _real_steps(tb.steps):
+                if st.sends:
+                    queue = queues[(tb.chan, gpu.id, tb.send)]
+                    if sent >= len(queue):
+                        raise PlanError(f"rank {gpu.id} tb {tb.id} sends more on channel {tb.chan} than rank {tb.send} receives")
+                    out[(gpu.id, tb.id, pos)] = queue[sent]
+                    sent += 1
+    return out
+
+
+def _semaphores(program: Program, ranks: list[_Rank]) -> dict:
+    """One semaphore per cross-threadblock dependency: {(rank, tb, pos): ([acquired], [released])}."""
+    out: dict[tuple[int, int, int], tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+    for gpu in program.gpus:
+        state = ranks[gpu.id]
+        for tb in gpu.threadblocks:
+            for pos, _st, deps in _real_steps(tb.steps):
+                for depid, dep in sorted(set(deps)):
+                    if depid == tb.id:
+                        continue
+                    out[(gpu.id, tb.id, pos)][0].append(state.semaphores)
+                    out[(gpu.id, depid, dep)][1].append(state.semaphores)
+                    state.semaphores += 1
+    return out
+
+
+class _Emission:
+    """One threadblock's operations (the cases of mscclpp.md 5 and 7)."""
+
+    def __init__(self, program: Program, rank: int, tb, state: _Rank, kind: dict, slots: dict, sends: dict,
+                 edges: dict, logical: dict[str, int], closing: bool = True) -> None:
+        self.program, self.rank, self.tb, self.state = program, rank, tb, state
+        self.closing = closing
+        self.slots, self.sends, self.edges = slots, sends, edges
+        self.ops = _Ops(program.collective, rank, logical["i"], logical["o"])
+        self.send_conn = (tb.chan, rank, tb.send) if tb.send >= 0 else None
+        self.recv_conn = (tb.chan, tb.recv, rank) if tb.recv >= 0 else None
+        self.send_kind = kind[self.send_conn] if self.send_conn else None
+        self.recv_kind = kind[self.recv_conn] if self.recv_conn else None
+        self.channels: dict[str, list[int]] = defaultdict(list)
+        self.buffers: dict[str, list[int]] = defaultdict(list)
+        self.send_channel = self._local_channel(self.send_conn)
+        self.recv_channel = self._local_channel(self.recv_conn)
+        self.remote = None
+        if self.send_conn is not None:
+            gpu_index = state.remote_scratch(tb.send, self.send_kind)
+            self.buffers[self.send_kind].append(gpu_index)
+            self.remote = len(self.buffers[self.send_kind]) - 1
+
+    def _local_channel(self, conn) -> int | None:
+        if conn is None:
+            return None
+        ctype, index = self.state.channel_of[conn]
+        self.channels[ctype].append(index)
+        return len(self.channels[ctype]) - 1
+
+    def threadblock(self) -> Threadblock:
+        for pos, st, _deps in _real_steps(self.tb.steps):
+            acquired, released = self.edges.get((self.rank, self.tb.id, pos), ([], []))
+            for i in range(0, len(acquired), MAX_SEMAPHORES_PER_OP):
+                self.ops.sync_in(Op("sem_acquire", semaphore_ids=tuple(acquired[i:i + MAX_SEMAPHORES_PER_OP])))
+            self.step(pos, st)
+            for i in range(0, len(released), MAX_SEMAPHORES_PER_OP):
+                self.ops.publish(Op("sem_release", semaphore_ids=tuple(released[i:i + MAX_SEMAPHORES_PER_OP])))
+        if self.recv_conn is not None and self.closing:  # closing handshake: every slot of this connection is read
+            self.ops.publish(Op("signal", self.recv_kind, (self.recv_channel,)))
+        if self.send_conn is not None and self.closing:
+            self.ops.sync_in(Op("wait", self.send_kind, (self.send_channel,)))
+        ops = tuple(self.ops.ops)
+        if len(ops) > MAX_OPERATIONS:
+            raise PlanError(f"rank {self.rank} tb {self.tb.id} needs {len(ops)} operations; the MSCCL++ executor runs at "
+                            f"most {MAX_OPERATIONS} per threadblock (MAX_OPERATION)")
+        return Threadblock(self.tb.id, ops,
+                           tuple(TbChannels(t, tuple(v)) for t, v in sorted(self.channels.items())),
+                           tuple(TbBuffers(t, tuple(v)) for t, v in sorted(self.buffers.items())))
+
+    def local(self, buf: str, off: int, cnt: int) -> Operand:
+        if buf == "s":  # the program's own scratch sits after the packet slots
+            return Operand("s", 2 * self.state.packet_end + off, cnt)
+        return Operand(buf, off, cnt)
+
+    def step(self, pos: int, st: Step) -> None:
+        ops = self.ops
+        src, dst = self.local(st.srcbuf, st.srcoff, st.cnt), self.local(st.dstbuf, st.dstoff, st.cnt)
+        if st.type == "cpy":
+            ops.data(Op("copy", src=(src,), dst=(dst,)))
+            return
+        if st.type == "re":
+            ops.data(Op("re", src=(dst, src), dst=(dst,)))
+            return
+        slot = None
+        if st.receives:
+            s = self.slots[(self.rank, self.tb.id, pos)]
+            slot = Operand("s", s.index, s.size)
+            if not s.packet:
+                ops.sync_in(Op("wait", self.recv_kind, (self.recv_channel,)))
+        packet_in = slot is not None and self.slots[(self.rank, self.tb.id, pos)].packet
+        reduce = st.type in ("rrc", "rrs", "rrcs")
+        store = st.type in ("r", "rrc", "rcs", "rrcs")
+        if not st.sends:
+            if reduce:
+                ops.data(Op("repkt" if packet_in else "re", src=(src, slot), dst=(dst,)))
+            else:
+                ops.data(Op("upkt" if packet_in else "copy", src=(slot,), dst=(dst,)))
+            return
+        target = self.sends[(self.rank, self.tb.id, pos)]
+        remote = Operand(None, target.index, target.size, buffer_id=self.remote)
+        if self.send_kind == "port":
+            self.send_port(st, src, dst, slot, packet_in, reduce, store, remote)
+            return
+        packet_out = target.packet
+        if slot is None:  # s
+            ops.data(Op("ppkt" if packet_out else "put", "memory", src=(src,), dst=(remote,)))
+        elif packet_in:
+            if reduce:
+                ops.data(Op("respkt", "memory", src=(src, slot), dst=(dst if store else self.state.staging(st.cnt), remote)))
+            else:
+                ops.data(Op("rppkt", "memory", src=(slot,), dst=(remote,)))
+                ops.data(Op("upkt", src=(slot,), dst=(dst,)))
+        elif reduce and not packet_out:
+            ops.data(Op("res", "memory", src=(src, slot), dst=(dst if store else slot, remote)))
+        else:
+            value = slot
+            if reduce:
+                value = dst if store else slot
+                ops.data(Op("re", src=(src, slot), dst=(value,)))
+            elif store:
+                ops.data(Op("copy", src=(slot,), dst=(dst,)))
+            ops.data(Op("ppkt" if packet_out else "put", "memory", src=(value,), dst=(remote,)))
+        if not packet_out:
+            ops.publish(Op("signal", "memory", (self.send_channel,)))
+
+    def send_port(self, st: Step, src: Operand, dst: Operand, slot: Operand | None, packet_in: bool, reduce: bool,
+                  store: bool, remote: Operand) -> None:
+        """A send over a port channel: the proxy reads a scratch source asynchronously, so the
+        value goes into a slot nothing rewrites within the launch, then `pws` puts and signals
+        (`pwsf` also waits until the proxy is done, where the source is a receive slot)."""
+        ops = self.ops
+        if slot is None:
+            value = self.state.staging(st.cnt)
+            ops.data(Op("copy", src=(src,), dst=(value,)))
+        elif packet_in:
+            value = self.state.staging(st.cnt)
+            ops.data(Op("repkt" if reduce else "upkt", src=(src, slot) if reduce else (slot,), dst=(value,)))
+        else:
+            value = slot
+            if reduce:
+                ops.data(Op("re", src=(src, slot), dst=(slot,)))
+        if store:
+            ops.data(Op("copy", src=(value,), dst=(dst,)))
+        # the sender upstream rewrites a receive slot in its next launch, which may begin as soon
+        # as this launch has signalled that it read the slot: the proxy must be done with it
+        name = "pwsf" if value is slot else "pws"
+        ops.data(Op(name, "port", (self.send_channel,), src=(value,), dst=(remote,)))

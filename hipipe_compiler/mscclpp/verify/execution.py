@@ -1,0 +1,432 @@
+"""Symbolic execution of a plan under the executor's semantics (mscclpp.md 3-4), with vector
+clocks for what each threadblock may see:
+
+- a data operation runs on all threads, so a block sees its own earlier writes, and the
+  effect of a `wait` or `sem_acquire`, only after a `nop`; a memory-channel `signal`
+  publishes only what the block wrote before its last `nop` (section 3.3);
+- a port channel's proxy orders each connection: a `put` there becomes visible with the
+  next signal on it, and its source is read until the peer's `wait` takes that signal;
+- packets need no signal: a packet operation waits until every packet it reads was written
+  in this launch.
+
+Checked on the way: every read sees data published to it, no two unordered writers, no
+write over an unordered read (a slot reused before its reader is done), no deadlock. At the
+end: balanced signals and semaphores, the next launch's accesses ordered after this one's,
+and every rank holding the collective's result.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...msccl.verify.report import Collector
+from ..memory import where
+from ..plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs
+from .structure import packet_operand
+
+MASK = (1 << 64) - 1
+Value = tuple[int, int, int]  # (identity, contributions, sum of the contributors' weights mod 2^64)
+
+
+def weights(n: int) -> list[int]:
+    """Deterministic pseudo-random 64-bit weights per rank (splitmix64)."""
+    out = []
+    for r in range(n):
+        x = (r * 0x9E3779B97F4A7C15 + 0x2545F4914F6CDD1D) & MASK
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+        out.append(x ^ (x >> 31))
+    return out
+
+
+@dataclass
+class _Cell:
+    value: Value | None = None
+    writer: tuple[int, int] | None = None  # (tb, clock)
+    readers: list | None = None  # [(tb, clock)] since the last write
+    packet: bool = False  # written as packets in this launch
+    history: list | None = None  # every (tb, clock, write) of the launch, for the next launch's order
+
+
+class _Tb:
+    __slots__ = ("index", "rank", "id", "ops", "pc", "clock", "vc", "pending", "nop_clock", "blocked")
+
+    def __init__(self, index: int, rank: int, tb_id: int, ops: list[tuple[int, Op]], ntbs: int) -> None:
+        self.index, self.rank, self.id, self.ops = index, rank, tb_id, ops
+        self.pc = 0
+        self.clock = 0
+        self.vc = np.zeros(ntbs, dtype=np.int64)
+        self.pending = np.zeros(ntbs, dtype=np.int64)
+        self.nop_clock = 0
+        self.blocked: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.pc >= len(self.ops)
+
+
+class Execution:
+    """One launch of the plan, every rank, under one buffer layout."""
+
+    def __init__(self, plan: ExecutionPlan, layout: str, out: Collector) -> None:
+        self.plan, self.layout, self.out = plan, layout, out
+        self.tbs: list[_Tb] = []
+        for g in plan.gpus:
+            for tb in g.threadblocks:
+                ops = [(pos, nested) for pos, op in enumerate(tb.ops)
+                       for nested in ((op,) if op.name != "pipeline" else op.ops)]
+                self.tbs.append(_Tb(len(self.tbs), g.id, tb.id, ops, 0))
+        n = len(self.tbs)
+        for t in self.tbs:
+            t.vc = np.zeros(n, dtype=np.int64)
+            t.pending = np.zeros(n, dtype=np.int64)
+        self.tb_plan = {(t.rank, t.id): plan.gpus[t.rank].threadblocks[t.id] for t in self.tbs}
+        self.weight = weights(plan.ngpus)
+        self.memory: dict[tuple[int, str], list[_Cell]] = {}
+        self.queues: dict[tuple[int, str, int], deque] = defaultdict(deque)
+        self.semaphores: dict[tuple[int, int], deque] = {}
+        self.port_writes: dict[tuple[int, int], list] = defaultdict(list)
+        self.pair = channel_pairs(plan)
+        self.blocked_on: dict[tuple, list[_Tb]] = defaultdict(list)
+        self.reported: set[tuple] = set()
+        for g in plan.gpus:
+            for s, init in enumerate(g.semaphores):
+                self.semaphores[(g.id, s)] = deque([None] * init)
+            for u in range(g.input_chunks):
+                ident = g.id * g.input_chunks + u if plan.collective == "allgather" else u
+                space, start, _ = self._where(g.id, "i", u, 1)
+                self._cells(g.id, space)[start].value = (ident, 1, self.weight[g.id])
+
+    # -- layout -----------------------------------------------------------------------------
+    def _where(self, rank: int, buf: str, index: int, size: int) -> tuple[str, int, int]:
+        g = self.plan.gpus[rank]
+        return where(self.plan.collective, rank, g.input_chunks, g.output_chunks, self.layout, buf, index, size)
+
+    def _cells(self, rank: int, space: str) -> list[_Cell]:
+        key = (rank, space)
+        if key not in self.memory:
+            g = self.plan.gpus[rank]
+            size = {"i": g.input_chunks, "o": g.output_chunks, "s": g.scratch_chunks * (2 if self.plan.packets else 1),
+                    "io": max(g.input_chunks, g.output_chunks)}[space]
+            self.memory[key] = [_Cell() for _ in range(size)]
+        return self.memory[key]
+
+    def _endpoint(self, t: _Tb, op: Op, local: int) -> tuple[int, str, int]:
+        return (t.rank, op.channel_type, self.tb_plan[(t.rank, t.id)].channel_list(op.channel_type)[local])
+
+    def _place(self, t: _Tb, op: Op, o: Operand, packet: bool) -> tuple[int, str, int, int, bool]:
+        """(rank, space, start, end, packet) of an operand, in cells (a packet chunk takes two)."""
+        rank, buf = t.rank, o.buffer
+        if o.buffer_id is not None:
+            g = self.plan.gpus[t.rank]
+            ref = g.remote_buffers[self.tb_plan[(t.rank, t.id)].buffer_list(op.channel_type)[o.buffer_id]]
+            rank, buf = ref.rank, ref.type
+        if packet:
+            return rank, "s", 2 * o.index, 2 * o.end, True
+        space, start, end = self._where(rank, buf, o.index, o.size)
+        return rank, space, start, end, False
+
+    # -- the run ----------------------------------------------------------------------------
+    def run(self) -> bool:
+        """Run every threadblock as far as it goes; False (with a violation) on a deadlock."""
+        ready = deque(self.tbs)
+        while ready:
+            t = ready.popleft()
+            while not t.done and len(self.out) < self.out.limit:
+                pos, op = t.ops[t.pc]
+                key = self.step(t, op, pos)
+                if key is not None:
+                    t.blocked = op.name
+                    self.blocked_on[key].append(t)
+                    break
+                t.blocked = None
+                t.pc += 1
+                for woken in self.woken:
+                    ready.extend(self.blocked_on.pop(woken, []))
+                self.woken = []
+        stuck = [t for t in self.tbs if not t.done]
+        if stuck and len(self.out) < self.out.limit:
+            first = stuck[0]
+            self.out.add("deadlock", f"{len(stuck)} threadblock(s) never finish; the first waits in {first.blocked} "
+                         f"(op {first.ops[first.pc][0]})", first.rank, first.id, first.ops[first.pc][0])
+        return not stuck
+
+    woken: list = []
+
+    def _blocked(self, t: _Tb, op: Op) -> tuple | None:
+        """What an operation waits for before it can run, or None."""
+        if op.name in ("wait", "rlxwait"):
+            for c in op.channel_ids:
+                e = self._endpoint(t, op, c)
+                if not self.queues[e]:
+                    return ("q", e)
+        elif op.name == "sem_acquire":
+            for s in op.semaphore_ids:
+                if not self.semaphores[(t.rank, s)]:
+                    return ("sem", t.rank, s)
+        elif op.name in PACKET_OPS:
+            for k, o in enumerate(op.src):
+                if packet_operand(op.name, True, k):
+                    place = self._place(t, op, o, True)
+                    if not all(c.packet for c in self._span(place)):
+                        return ("pkt", place[0])
+        return None
+
+    def step(self, t: _Tb, op: Op, pos: int) -> tuple | None:
+        """Run one operation; the key it is blocked on, or None when it ran."""
+        key = self._blocked(t, op)
+        if key is not None:
+            return key
+        name = op.name
+        t.clock += 1
+        t.vc[t.index] = t.clock
+        if name == "nop":
+            np.maximum(t.vc, t.pending, out=t.vc)
+            t.vc[t.index] = t.clock
+            t.nop_clock = t.clock
+        elif name in ("wait", "rlxwait"):
+            for c in op.channel_ids:
+                snapshot, reads = self.queues[self._endpoint(t, op, c)].popleft()
+                if snapshot is not None and name == "wait":
+                    np.maximum(t.pending, snapshot, out=t.pending)
+                for place in reads:  # the proxy read a port source until now
+                    self._access(t, place, write=False, pos=pos, proxy=True)
+        elif name in ("signal", "rlxsignal"):
+            for c in op.channel_ids:
+                self._signal(t, op, c, relaxed=name == "rlxsignal")
+        elif name == "sem_release":
+            for s in op.semaphore_ids:
+                self.semaphores[(t.rank, s)].append(self._snapshot(t))
+                self.woken.append(("sem", t.rank, s))
+        elif name == "sem_acquire":
+            for s in op.semaphore_ids:
+                snapshot = self.semaphores[(t.rank, s)].popleft()
+                if snapshot is not None:
+                    np.maximum(t.pending, snapshot, out=t.pending)
+        elif name == "barrier":
+            self._report(t, pos, "unsupported", "barrier: device barriers are not modelled by this verifier")
+        elif name != "flush":
+            self._data(t, op, pos)
+        return None
+
+    def _snapshot(self, t: _Tb, own: int | None = None) -> np.ndarray:
+        snap = t.vc.copy()
+        snap[t.index] = t.nop_clock if own is None else own
+        return snap
+
+    def _signal(self, t: _Tb, op: Op, local: int, relaxed: bool = False, reads: tuple = ()) -> None:
+        mine = self._endpoint(t, op, local)
+        peer = self.pair.get(mine)
+        if peer is None:
+            self._report(t, None, "channel-pairing", f"{op.channel_type} channel {mine[2]} has no paired channel at the peer")
+            return
+        proxy_reads = list(reads)
+        if op.channel_type == "port":
+            for place, values, sources in self.port_writes.pop((t.index, mine[2]), []):
+                self._write(t, place, values)
+                proxy_reads += sources
+        snapshot = None if relaxed else self._snapshot(t, t.clock if op.channel_type == "port" else None)
+        self.queues[peer].append((snapshot, proxy_reads))
+        self.woken.append(("q", peer))
+
+    # -- data ---------------------------------------------------------------------------------
+    def _data(self, t: _Tb, op: Op, pos: int) -> None:
+        name = op.name
+        srcs = [self._place(t, op, o, packet_operand(name, True, k)) for k, o in enumerate(op.src)]
+        dsts = [self._place(t, op, o, packet_operand(name, False, k)) for k, o in enumerate(op.dst)]
+        values = [self._read(t, place, pos, proxy=op.channel_type == "port" and name in ("put", "pws")) for place in srcs]
+        if name in ("re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt"):
+            result = [self._sum(t, pos, [v[j] for v in values]) for j in range(len(values[0]))]
+            outs = [(d, result) for d in dsts]
+        else:  # one source per destination, or the one source to every destination
+            outs = [(d, values[min(k, len(values) - 1)]) for k, d in enumerate(dsts)]
+        for place, vals in outs:
+            if op.channel_type == "port" and place[0] != t.rank:
+                sources = [p for p in srcs]
+                if name == "put":
+                    self.port_writes[(t.index, self._endpoint(t, op, op.channel_ids[0])[2])].append((place, vals, sources))
+                continue
+            self._write(t, place, vals, pos)
+        if name in ("pws", "pwsf") and op.channel_type == "port":
+            for place, vals in outs:  # pwsf returns once the proxy is done: its sources were read at the op
+                self.port_writes[(t.index, self._endpoint(t, op, op.channel_ids[0])[2])].append(
+                    (place, vals, srcs if name == "pws" else []))
+            self._signal(t, op, op.channel_ids[0])
+
+    def _span(self, place: tuple) -> list[_Cell]:
+        rank, space, start, end, _ = place
+        cells = self._cells(rank, space)
+        return cells[start:end] if end <= len(cells) else cells[start:] + [_Cell() for _ in range(end - len(cells))]
+
+    def _read(self, t: _Tb, place: tuple, pos: int, proxy: bool = False) -> list[Value | None]:
+        cells = self._span(place)
+        step = 2 if place[4] else 1
+        self._access(t, place, write=False, pos=pos, record=not proxy)
+        return [cells[j].value for j in range(0, len(cells), step)]
+
+    def _write(self, t: _Tb, place: tuple, values: list, pos: int | None = None) -> None:
+        step = 2 if place[4] else 1
+        cells = self._span(place)
+        for j, cell in enumerate(cells):
+            value = values[j // step] if j // step < len(values) else None
+            if place[4] and cell.packet and cell.value != value:
+                self._report(t, pos, "packet-rewrite", f"a packet slot of rank {place[0]} is written twice in one launch")
+            cell.value = value
+            cell.packet = place[4]
+        self._access(t, place, write=True, pos=pos)
+        if place[4]:
+            self.woken.append(("pkt", place[0]))
+
+    def _access(self, t: _Tb, place: tuple, write: bool, pos: int | None = None, proxy: bool = False,
+                record: bool = True) -> None:
+        """The ordering checks of one access to every cell of a place. A proxy's read (`proxy`)
+        is recorded when the peer's wait ends it, and checked against writes at the put
+        (`record` False)."""
+        rank, space = place[0], place[1]
+        for cell in self._span(place):
+            if not record:
+                w = cell.writer
+                if w is not None and not self._ordered(t, w):
+                    rule = "nop-hazard" if w[0] == t.index else "unpublished-read"
+                    self._report(t, pos, rule, f"a port put reads {space} of rank {rank} before the write by "
+                                 f"{self._name(w[0])} is visible to it")
+                continue
+            if cell.history is None:
+                cell.history = []
+            cell.history.append((t.index, t.clock, write))
+            w = cell.writer
+            if write:
+                if w is not None and not self._ordered(t, w):
+                    rule = "race" if w[0] != t.index else "nop-hazard"
+                    self._report(t, pos, rule, f"writes {space} of rank {rank} while an unordered write by "
+                                 f"{self._name(w[0])} may be in flight")
+                for r in cell.readers or ():
+                    if r[0] == t.index and r[1] == t.clock:
+                        continue
+                    if not self._ordered(t, r):
+                        rule = "nop-hazard" if r[0] == t.index else ("slot-reuse" if space == "s" else "race")
+                        self._report(t, pos, rule, f"overwrites {space} of rank {rank} before {self._name(r[0])} is "
+                                     "done reading it")
+                cell.writer = (t.index, t.clock)
+                cell.readers = []
+            else:
+                if w is not None and not place[4] and not proxy and not self._ordered(t, w):
+                    rule = "nop-hazard" if w[0] == t.index else "unpublished-read"
+                    self._report(t, pos, rule, f"reads {space} of rank {rank} before the write by {self._name(w[0])} is "
+                                 "made visible to it")
+                if cell.readers is None:
+                    cell.readers = []
+                cell.readers.append((t.index, t.clock))
+
+    def _ordered(self, t: _Tb, epoch: tuple[int, int]) -> bool:
+        other, clock = epoch
+        if other == t.index:
+            return clock <= t.nop_clock
+        return bool(t.vc[other] >= clock)
+
+    def _sum(self, t: _Tb, pos: int, parts: list[Value | None]) -> Value | None:
+        if any(p is None for p in parts):
+            return None
+        ident = parts[0][0]
+        if any(p[0] != ident for p in parts):
+            self._report(t, pos, "semantics", f"reduces chunks of different positions ({sorted({p[0] for p in parts})[:4]})")
+            return None
+        return ident, sum(p[1] for p in parts), sum(p[2] for p in parts) & MASK
+
+    # -- reports ------------------------------------------------------------------------------
+    def _name(self, index: int) -> str:
+        other = self.tbs[index]
+        return f"rank {other.rank} tb {other.id}"
+
+    def _report(self, t: _Tb, pos: int | None, rule: str, message: str) -> None:
+        key = (rule, t.rank, t.id, pos)
+        if key not in self.reported:
+            self.reported.add(key)
+            self.out.add(rule, message, t.rank, t.id, pos)
+
+    # -- after the launch ---------------------------------------------------------------------
+    def finish(self) -> None:
+        for (rank, kind, index), queue in sorted(self.queues.items()):
+            if queue:
+                self.out.add("signal-balance", f"{len(queue)} signal(s) on {kind} channel {index} are never waited for; "
+                             "counters persist, so the next launch's waits would pass early", rank)
+        for (rank, s), queue in sorted(self.semaphores.items()):
+            init = self.plan.gpus[rank].semaphores[s]
+            if len(queue) != init:
+                self.out.add("semaphore-balance", f"semaphore {s} ends at {len(queue)}, not its initial {init}", rank)
+        for (tb_index, channel), pending in self.port_writes.items():
+            if pending:
+                t = self.tbs[tb_index]
+                self.out.add("signal-balance", f"a port put on channel {channel} is never followed by a signal", t.rank, t.id)
+        self._next_launch()
+        self._results()
+
+    def _next_launch(self) -> None:
+        """A rank's next launch starts when its kernel ends: every access another rank makes to
+        memory it also touches (one of them writing) must be ordered before that end."""
+        ends = {}
+        for t in self.tbs:
+            end = np.maximum(t.vc, t.pending)
+            end[t.index] = t.clock
+            ends[t.rank] = end if t.rank not in ends else np.maximum(ends[t.rank], end)
+        double = self.plan.use_double_scratch_buffer
+        for (rank, space), cells in self.memory.items():
+            for cell in cells:
+                history = cell.history or ()
+                ranks = {self.tbs[i].rank for i, _, _ in history}
+                if len(ranks) < 2 or not any(w for _, _, w in history) or (double and cell.packet):
+                    continue
+                for x, (i, clock, write) in enumerate(history):
+                    a = self.tbs[i].rank
+                    for y, (j, _, other_write) in enumerate(history):
+                        b = self.tbs[j].rank
+                        if cell.packet and write and not other_write and y > x:
+                            continue  # b read these packets: their flags proved the write had landed
+                        if b != a and (write or other_write) and b in ends and ends[b][i] < clock:
+                            rule = "slot-reuse" if space == "s" else "unfinished-write"
+                            self._report(self.tbs[i], None, rule, f"its access to {space} of rank {rank} is not ordered "
+                                         f"before rank {b}'s kernel ends, so rank {b}'s next launch may overlap it")
+                            break
+
+    def _results(self) -> None:
+        plan, n = self.plan, self.plan.ngpus
+        full = sum(self.weight) & MASK
+        for g in plan.gpus:
+            wrong = []
+            for c in range(g.output_chunks):
+                space, start, _ = self._where(g.id, "o", c, 1)
+                got = self._cells(g.id, space)[start].value
+                if plan.collective == "allreduce":
+                    want = (c, n, full)
+                elif plan.collective == "reducescatter":
+                    want = (g.id * g.output_chunks + c, n, full)
+                elif plan.collective == "allgather":
+                    want = (c, 1, self.weight[c // g.input_chunks])
+                else:
+                    return
+                if got != want:
+                    wrong.append(c)
+            if wrong:
+                self.out.add("semantics", f"{len(wrong)} output chunk(s) hold a wrong result, first chunk {wrong[0]}", g.id)
+            if self.layout == "separate":
+                changed = [u for u in range(g.input_chunks) if self._cells(g.id, "i")[u].value != (
+                    (g.id * g.input_chunks + u if plan.collective == "allgather" else u), 1, self.weight[g.id])]
+                if changed:
+                    self.out.add("semantics", f"the input buffer changes (chunk {changed[0]}): NCCL's out-of-place calls "
+                                 "keep it", g.id)
+
+
+def execute(plan: ExecutionPlan, layout: str, out: Collector) -> bool:
+    """Run one launch under a buffer layout; True when it ran to the end."""
+    ex = Execution(plan, layout, out)
+    ex.woken = []
+    finished = ex.run()
+    if finished:
+        ex.finish()
+    return finished
+
+
+__all__ = ["Execution", "execute", "PACKET_OPS"]

@@ -16,6 +16,8 @@ from tabulate import tabulate
 from . import __version__
 from .arguments import Parser, integer_option, nonnegative_option, positive_option, size_option, size_range_option
 from .compile_command import cmd_compile
+from .mscclpp.reader import looks_like_plan
+from .plan_commands import cmd_compile_plans, cmd_simulate_plan, cmd_verify_plan
 from .compiler import ALGORITHMS, BUCKET_NCHUNKSPERLOOP, BUCKET_ROOM, BUCKET_WINDOW, DTYPES, check_fits_one_file
 from .console import print_json, report_violations, verified
 from .errors import InputError, PlanError
@@ -85,12 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tbs", type=integer_option("--max-tbs", 1, 1024), default=DEFAULT_THREADBLOCK_BUDGET,
                    help=f"threadblock budget per rank (default {DEFAULT_THREADBLOCK_BUDGET}, the A100's SM count; "
                    "never more than the runtime accepts)")
+    p.add_argument("--backend", default="msccl", choices=("msccl", "mscclpp"),
+                   help="msccl: MSCCL XML (default); mscclpp: MSCCL++ execution plans (JSON) for its NCCL shim")
+    p.add_argument("--ranks-per-node", type=integer_option("--ranks-per-node", 1),
+                   help="mscclpp: ranks that share a node (memory channels among them, port channels between nodes; "
+                   "default: the dimensions linked by NVLink or PCIe, else the innermost one)")
+    p.add_argument("--inplace", action="store_true", help="mscclpp, --size: write the in-place plan (default out-of-place)")
     p.add_argument("-o", "--output", required=True, help="output file (--size) or directory (--sizes)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--json", action="store_true", help="print the per-window summary as JSON")
 
-    p = sub.add_parser("simulate", help="time an MSCCL XML program on a topology (cost-model.md)")
-    p.add_argument("file", help="an MSCCL XML algorithm file")
+    p = sub.add_parser("simulate", help="time an MSCCL XML program or an MSCCL++ plan on a topology (cost-model.md)")
+    p.add_argument("file", help="an MSCCL XML algorithm file or an MSCCL++ execution plan (JSON)")
     p.add_argument("--topo", required=True, help="a YAML/JSON topology file or a preset")
     p.add_argument("--size", required=True, type=size_option("--size"), help="call size in bytes (nccl-tests convention), e.g. 1GiB")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -136,8 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_calibrate(sub)
 
-    p = sub.add_parser("verify", help="prove an MSCCL XML program correct, or name each broken rule")
-    p.add_argument("file", help="an MSCCL XML algorithm file")
+    p = sub.add_parser("verify", help="prove an MSCCL XML program or an MSCCL++ plan correct, or name each broken rule")
+    p.add_argument("file", help="an MSCCL XML algorithm file or an MSCCL++ execution plan (JSON)")
+    p.add_argument("--aliased", action="store_true", help="MSCCL++ reduce-scatter plans: also prove NCCL's in-place "
+                   "layout, which the shim hands to out-of-place plans")
     p.add_argument("--max-steps", type=integer_option("--max-steps", 1, 256), default=64, help="steps allowed per threadblock (default 64)")
     p.add_argument("--runtime", default="executor", choices=sorted(RUNTIMES), help=RUNTIME_HELP)
     p.add_argument("--max-tbs", type=integer_option("--max-tbs", 1, 1024), help="threadblocks allowed per rank (default: what the runtime accepts)")
@@ -153,6 +163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:2] == ["topo", "import"]:
         return _guarded(lambda: cmd_topo_import(argv[2:]))
     args = build_parser().parse_args(argv)
+    if args.command == "compile" and args.backend == "mscclpp":
+        return _guarded(lambda: cmd_compile_plans(args))
+    if args.command in ("verify", "simulate") and looks_like_plan(args.file):
+        return _guarded(lambda: (cmd_verify_plan if args.command == "verify" else cmd_simulate_plan)(args))
     return _guarded(lambda: {"topo": cmd_topo, "compile": cmd_compile, "verify": cmd_verify, "simulate": cmd_simulate,
                 "bench": cmd_bench, "plan": cmd_plan, "coverage": cmd_coverage,
                 "calibrate": cmd_calibrate}[args.command](args))

@@ -13,7 +13,7 @@ directory holds no file, so the runtime runs NCCL for those calls.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .compiler import CompiledWindow
 from .errors import PlanError
@@ -27,31 +27,33 @@ MIN_SPEEDUP = 1.05
 
 
 def against_nccl(windows: Sequence[CompiledWindow], topology: Topology, collective: str,
-                 min_speedup: float = MIN_SPEEDUP) -> list[CompiledWindow]:
+                 min_speedup: float = MIN_SPEEDUP,
+                 ours: Callable[[CompiledWindow, int], float] | None = None) -> list[CompiledWindow]:
     """The windows with NCCL's pick and both predicted times at each end, and whether each is
     left to NCCL (`details["left_to_nccl"]`); the windows as they are where NCCL's pick would
-    be a guess (nccl_machine)."""
+    be a guess (nccl_machine). `ours` times a window at a size (default: its program)."""
     if nccl_machine(topology) is not None:
         return list(windows)
     timer = NcclTimer(topology, collective)
     out = []
     for cw in windows:
         ends = sorted({cw.window.min_bytes, cw.window.max_bytes})
-        ours, nccl, runs = [], [], []
+        mine, nccl, runs = [], [], []
         for size in ends:
             known = cw.details.get("predicted_us") if cw.details.get("predicted_at_bytes") == size else None
-            ours.append(known if known is not None else simulate_exact(cw.program, topology, size).time_us)
+            mine.append(known if known is not None else
+                        ours(cw, size) if ours is not None else simulate_exact(cw.program, topology, size).time_us)
             try:
                 run = timer.pick(size)
             except PlanError:
                 run = None
             nccl.append(None if run is None else run.time_us)
             runs.append(None if run is None else run.label)
-        timed = [(o, n) for o, n in zip(ours, nccl) if n is not None]
+        timed = [(o, n) for o, n in zip(mine, nccl) if n is not None]
         speedup = min((n / o for o, n in timed), default=None)
         left = speedup is not None and speedup < min_speedup
         details = {**cw.details, "left_to_nccl": left, "nccl": {
-            "at_bytes": ends, "hipipe_us": ours, "nccl_us": nccl, "nccl_runs": runs,
+            "at_bytes": ends, "hipipe_us": mine, "nccl_us": nccl, "nccl_runs": runs,
             "speedup": speedup, "min_speedup": min_speedup}}
         out.append(replace(cw, details=details))
     return out

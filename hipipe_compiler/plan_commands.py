@@ -1,0 +1,124 @@
+"""`hipipe compile --backend mscclpp`, and `hipipe verify` / `hipipe simulate` of MSCCL++
+execution plans (JSON): the same commands as for MSCCL XML, on the other backend."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from .compiler import DTYPES, CompileOptions, Stopwatch
+from .console import print_json, report_violations, summary_table, verified
+from .errors import InputError
+from .files import check_output_path, write_atomic, writing
+from .handoff import against_nccl, kept, left
+from .msccl.runtime import Limits
+from .mscclpp.reader import read_plan
+from .mscclpp.timing import time_plan
+from .mscclpp.verify import layouts_of, verify_plan
+from .mscclpp.writer import write_plan
+from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer, size_multiple,
+                            write_plans_directory)
+from .presets import load_topology
+from .sim import SimulationError
+from .units import format_size
+
+
+def cmd_compile_plans(args: argparse.Namespace) -> int:
+    directory = args.sizes is not None
+    if args.dialect != "executor" or args.runtime != "executor":
+        raise InputError(None, "--backend", "mscclpp writes JSON execution plans: --dialect and --runtime are MSCCL's")
+    out = check_output_path(args.output, directory)
+    topo = load_topology(args.topology)
+    node = node_size_of(topo, args.ranks_per_node)
+    options = CompileOptions(
+        collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
+        dtype_bytes=DTYPES[args.dtype], limits=replace(Limits(), max_threadblocks=args.max_tbs),
+        max_nchunksperloop=args.max_nchunksperloop,
+        max_bucket_nchunksperloop="auto" if args.max_bucket_nchunksperloop is None else args.max_bucket_nchunksperloop or None,
+    )
+    lo, hi = args.sizes if directory else (args.size, args.size)
+    watch = Stopwatch()
+    compiled, failed = verified(topo, None, lambda: compile_plans(topo, options, lo, hi, node_size=node, stopwatch=watch))
+    if failed:
+        return failed
+    windows = [cp.window for cp in compiled]
+    if args.algo == "hipipe":
+        with watch.phase("nccl"):
+            windows = against_nccl(windows, topo, args.coll, args.min_speedup if directory else 0.0,
+                                   plan_timer(compiled, topo))
+    compiled = [replace(cp, window=w) for cp, w in zip(compiled, windows)]
+    summaries = [plan_summary(cp) for cp in compiled]
+    if not directory:
+        plan = next((p for p in compiled[0].plans if p.inplace == args.inplace), None)
+        if plan is None:
+            raise InputError(None, "--inplace", f"this {args.coll} program has no {'in-place' if args.inplace else 'out-of-place'} form")
+        if args.size % size_multiple(plan):
+            raise InputError(None, "--size", f"{args.size} bytes is not a multiple of {size_multiple(plan)} bytes (the "
+                             "plan's chunks on 16-byte boundaries): the executor would refuse the call")
+        with writing(out):
+            write_atomic(out, write_plan(plan))
+    keep = {id(w) for w in kept(windows)}
+    if directory:
+        manifest = {**base_manifest(topo, args.coll, args.algo, node),
+                    "min_speedup": args.min_speedup if args.algo == "hipipe" else None,
+                    "windows": [s for s, w in zip(summaries, windows) if id(w) in keep],
+                    "left_to_nccl": [s for s, w in zip(summaries, windows) if id(w) not in keep]}
+        with watch.phase("write"):
+            write_plans_directory([cp for cp in compiled if id(cp.window) in keep], out, manifest, node)
+    if args.json:
+        print_json({"output": str(out), "backend": "mscclpp", "windows": summaries, "seconds": watch.seconds})
+    elif not args.quiet:
+        count = sum(len(cp.plans) for cp in compiled if id(cp.window) in keep)
+        where = f"{out}/ ({count} plan(s); register them with hipipe_compiler.mscclpp.register)" if directory else str(out)
+        print(f"{args.coll} on {topo.label} ({topo.nranks} ranks, {node} per node), {args.algo}, MSCCL++ plans: wrote {where}")
+        print(summary_table(summaries))
+        if directory and left(windows):
+            labels = ", ".join(w.window.label for w in left(windows))
+            print(f"left to NCCL (not {args.min_speedup:g}x as fast as NCCL's own pick there): {labels}; the shim "
+                  "falls back to NCCL for those calls")
+    return 0
+
+
+def cmd_verify_plan(args: argparse.Namespace) -> int:
+    plan = read_plan(args.file)
+    report = verify_plan(plan, layouts_of(plan, aliased=args.aliased))
+    if args.json:
+        print_json({"file": args.file, "ok": report.ok, "collective": plan.collective, "ranks": plan.ngpus,
+                    "format": "mscclpp", "checked": list(report.checked),
+                    "violations": [v.to_dict() for v in report.violations]})
+    elif report.ok:
+        ops = sum(sum(1 for _ in tb.flat_ops()) for g in plan.gpus for tb in g.threadblocks)
+        print(f"{args.file}: MSCCL++ plan, {plan.collective} on {plan.ngpus} ranks, {ops} operations: {report.summary()}")
+    else:
+        report_violations(args.file, report)
+    return 0 if report.ok else 1
+
+
+def cmd_simulate_plan(args: argparse.Namespace) -> int:
+    if args.timeline:
+        raise InputError(None, "--timeline", "timelines are drawn for MSCCL XML programs only")
+    plan = read_plan(args.file)
+    topo = load_topology(args.topo)
+    if plan.ngpus != topo.nranks:
+        raise InputError(args.file, "gpus", f"the plan is for {plan.ngpus} ranks but {topo.label} has {topo.nranks}")
+    report = verify_plan(plan, max_violations=1)
+    broken = [v for v in report.violations if v.rule not in ("semantics", "slot-reuse", "unfinished-write")]
+    if broken:
+        raise InputError(args.file, None, f"cannot be simulated: {broken[0]}; hipipe verify names every broken rule")
+    try:
+        result = time_plan(plan, topo, args.size)
+    except SimulationError as exc:
+        if exc.exit_code == 2:
+            raise InputError(args.file, "--size", str(exc)) from None
+        raise
+    if args.json:
+        print_json({"file": args.file, "topology": topo.label, "format": "mscclpp", **result.to_dict()})
+        return 0
+    u = result.utilisation
+    print(f"{args.file}: MSCCL++ plan, {plan.collective} of {format_size(args.size)} on {topo.label} ({topo.nranks} ranks)")
+    print(f"  time {result.time_us:,.2f} us   algbw {result.algbw_GBps:,.2f} GB/s   busbw {result.busbw_GBps:,.2f} GB/s")
+    if result.lower_bound_us is not None and u is not None:
+        print(f"  physical limit T_LB {result.lower_bound_us:,.2f} us   utilisation T_LB/T {u:.3f}")
+    return 0
+
+

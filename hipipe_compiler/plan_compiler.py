@@ -1,0 +1,210 @@
+"""The compiler for the MSCCL++ backend: the search's schedule per size window, lowered and
+translated into execution plans under Simple and under LL (MSCCL++ has no LL128), the faster
+plan kept, one plan per buffer mode the shim tells apart, every plan proven, and a directory
+with a manifest of what the shim must match on.
+
+>>> from hipipe_compiler.presets import preset
+>>> topo = preset("dgx-h100-8x1")
+>>> [cp] = compile_plans(topo, CompileOptions(algorithm="hierarchical", collective="allgather"), 1 << 20, 1 << 20)
+>>> [p.inplace for p in cp.plans], cp.report.ok
+([False, True], True)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import __version__
+from .compiler import CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, compile_range, window_summary
+from .errors import InputError, PlanError
+from .files import write_atomic, writing
+from .msccl.program import Program
+from .msccl.verify import Report
+from .mscclpp.fitting import fit
+from .mscclpp.plan import ExecutionPlan
+from .mscclpp.timing import time_plan
+from .mscclpp.translate import ranks_per_node
+from .mscclpp.verify import layouts_of, verify_plan
+from .mscclpp.writer import write_plan
+from .schedule import hierarchical_plan
+from .topology import Topology
+from .units import format_size
+
+#: The MSCCL++ commit whose executor the plans are written for (mscclpp.md).
+MSCCLPP_COMMIT = "1f5f065d"
+MANIFEST_DIR = ".hipipe"
+PLAN_PROTOCOLS = ("Simple", "LL")
+
+
+@dataclass(frozen=True)
+class CompiledPlans:
+    """One size window: the program the plans were translated from, a plan per buffer mode,
+    and the verifier's verdict over all of them."""
+
+    window: CompiledWindow
+    program: Program
+    plans: tuple[ExecutionPlan, ...]
+    report: Report
+    details: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+def size_multiple(plan: ExecutionPlan) -> int:
+    """Call sizes (nccl-tests bytes) the executor accepts are multiples of this (mscclpp.md 2.6):
+    anything else throws inside the NCCL call, with no fallback."""
+    g = plan.gpus[0]
+    per_rank = plan.buffer_alignment * g.input_chunks
+    return per_rank * plan.ngpus if plan.collective == "allgather" else per_rank
+
+
+def timed_size(plan: ExecutionPlan, nbytes: int) -> int:
+    """The largest size at or below nbytes that the plan runs (at least one multiple)."""
+    m = size_multiple(plan)
+    return max(m, nbytes - nbytes % m)
+
+
+def _name(topology: Topology, collective: str, index: int, lo: int, hi: int, inplace: bool) -> str:
+    return (f"hipipe-{collective}-{topology.nranks}r-{index:02d}-{format_size(lo)}-{format_size(hi)}-"
+            f"{'inplace' if inplace else 'outofplace'}")
+
+
+def _modes(program: Program) -> tuple[bool, ...]:
+    """The buffer modes to emit: the shim tells in-place from out-of-place calls for all-reduce
+    and all-gather; an in-place reduce-scatter from NCCL reaches the out-of-place plan."""
+    if program.collective == "reducescatter":
+        return (False,)
+    return tuple(m for m, ok in ((False, program.outofplace), (True, program.inplace)) if ok) or (False,)
+
+
+def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
+                  planner: Planner | None = None, node_size: int | None = None,
+                  stopwatch: Stopwatch | None = None) -> list[CompiledPlans]:
+    """Plans for every size window of [min, max]; VerificationFailed if one does not verify."""
+    watch = stopwatch or Stopwatch()
+    choices = (options.protocol,) if options.protocol in PLAN_PROTOCOLS else PLAN_PROTOCOLS
+    if options.protocol == "LL128":
+        raise InputError(None, "--proto", "MSCCL++ has no LL128; expected Simple or LL")
+    windows = compile_range(topology, replace(options, check=False), min_bytes, max_bytes, planner, stopwatch=watch)
+    out = []
+    for index, cw in enumerate(windows):
+        lo, hi = cw.window.min_bytes, cw.window.max_bytes
+        best, error = None, None
+        picks = [replace(cw.plan, protocol=p) for p in sorted(choices, key=lambda p: p != cw.plan.protocol)]
+        # where the search's schedule needs more operations or threadblocks than the executor
+        # runs, the hierarchical schedule with fewer chunks stands in
+        fallbacks = [hierarchical_plan(topology, options.collective, chunks=k, protocol=p, min_bytes=lo, max_bytes=hi)
+                     for k in (4, 2, 1) for p in choices]
+        for schedule in (*picks, *fallbacks):
+            if best is not None and schedule in fallbacks:
+                break
+            with watch.phase("lower"):
+                try:
+                    program, plan = fit(schedule, topology, _name(topology, options.collective, index, lo, hi, False),
+                                        False, options.limits, node_size)
+                except PlanError as exc:
+                    error = error or exc
+                    continue
+            with watch.phase("predict"):
+                size = timed_size(plan, hi)
+                result = time_plan(plan, topology, size)
+            if best is None or result.time_us < best[2].time_us:
+                best = (program, plan, result, size, schedule)
+        if best is None:
+            raise error or PlanError(f"window {cw.window.label}: no plan")
+        program, plan, result, size, schedule = best
+        plans = tuple(replace(plan, name=_name(topology, options.collective, index, lo, hi, m), inplace=m)
+                      for m in _modes(program))
+        report = Report((), ())
+        if options.check:
+            with watch.phase("verify"):
+                for p in plans:
+                    report = verify_plan(p, layouts_of(p, aliased=program.inplace))
+                    if not report.ok:
+                        raise VerificationFailed(cw.window, report)
+        with watch.phase("predict"):
+            xml = simulate_program(program, topology, size)
+        details = {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
+                   "utilisation": result.utilisation, "utilisation1": result.utilisation1, "xml_us": xml,
+                   "size_multiple": size_multiple(plan)}
+        if schedule in fallbacks:
+            details["choice"] = f"{schedule.label} (search's pick does not fit)"
+        window = replace(cw, program=program, plan=schedule, report=report,
+                         details={**{k: v for k, v in cw.details.items() if k not in details}, **details})
+        out.append(CompiledPlans(window, program, plans, report, details))
+    return out
+
+
+def simulate_program(program: Program, topology: Topology, nbytes: int) -> float:
+    """The time of the same program as MSCCL XML, for the comparison the docs report."""
+    from .sim import simulate_exact
+    return simulate_exact(program, topology, nbytes).time_us
+
+
+def plan_timer(compiled: Sequence[CompiledPlans], topology: Topology) -> Callable[[CompiledWindow, int], float]:
+    """Our time of a window's plan at a size, for the NCCL handoff."""
+    by_window = {id(cp.window): cp.plans[0] for cp in compiled}
+
+    def ours(cw: CompiledWindow, nbytes: int) -> float:
+        plan = by_window[id(cw)]
+        return time_plan(plan, topology, timed_size(plan, nbytes)).time_us
+    return ours
+
+
+def plan_summary(cp: CompiledPlans) -> dict[str, Any]:
+    return {**window_summary(cp.window), "backend": "mscclpp", "threadblocks": cp.plans[0].max_threadblocks,
+            "longest_threadblock": cp.plans[0].max_ops,
+            "files": [plan_file_name(p) for p in cp.plans]}
+
+
+def plan_file_name(plan: ExecutionPlan) -> str:
+    return plan.name.removeprefix("hipipe-") + ".json"
+
+
+def manifest_entry(plan: ExecutionPlan, node_size: int) -> dict[str, Any]:
+    """What the shim's selection matches on (mscclpp.md 1), and the divisibility it does not check."""
+    return {"file": plan_file_name(plan), "name": plan.name, "collective": plan.collective, "world_size": plan.ngpus,
+            "ranks_per_node": node_size, "inplace": plan.inplace, "min_message_size": plan.min_message_size,
+            "max_message_size": plan.max_message_size, "protocol": plan.protocol, "size_multiple": size_multiple(plan)}
+
+
+def write_plans_directory(compiled: Sequence[CompiledPlans], path: str | Path, manifest: dict[str, Any],
+                          node_size: int) -> list[Path]:
+    """Write one JSON per plan and .hipipe/manifest.json; all text is made before the first write."""
+    path = Path(path)
+    plans = [p for cp in compiled for p in cp.plans]
+    texts = [(plan_file_name(p), write_plan(p)) for p in plans]
+    manifest = {**manifest, "backend": "mscclpp", "mscclpp_commit": MSCCLPP_COMMIT,
+                "plans": [manifest_entry(p, node_size) for p in plans]}
+    for target in (*(path / name for name, _ in texts), path / MANIFEST_DIR / "manifest.json"):
+        if target.exists() and not target.is_file():
+            raise InputError(str(target), None, "expected to write a file here, but a directory or device is there")
+    written = []
+    prefix = {f"{p.collective}-{p.ngpus}r-" for p in plans}
+    with writing(path):
+        path.mkdir(parents=False, exist_ok=True)
+        (path / MANIFEST_DIR).mkdir(exist_ok=True)
+        for name, text in texts:
+            write_atomic(path / name, text)
+            written.append(path / name)
+        keep = {name for name, _ in texts}
+        for old in path.iterdir():
+            if old.suffix == ".json" and old.is_file() and old.name not in keep and any(old.name.startswith(x) for x in prefix):
+                old.unlink()
+        write_atomic(path / MANIFEST_DIR / "manifest.json", json.dumps(manifest, indent=2) + "\n")
+    return written
+
+
+def base_manifest(topology: Topology, collective: str, algorithm: str, node_size: int) -> dict[str, Any]:
+    return {"tool": f"hipipe-compiler {__version__}", "topology": topology.to_document(), "collective": collective,
+            "algorithm": algorithm, "world_size": topology.nranks, "ranks_per_node": node_size}
+
+
+def node_size_of(topology: Topology, requested: int | None) -> int:
+    """Ranks per node: as given (it must divide the rank count), or what the topology says."""
+    if requested is None:
+        return ranks_per_node(topology)
+    if topology.nranks % requested:
+        raise InputError(None, "--ranks-per-node", f"expected a divisor of the {topology.nranks} ranks, got {requested}")
+    return requested

@@ -95,6 +95,8 @@ class _Reader:
 
     def gpu(self, doc: Any, field: str) -> GpuPlan:
         doc = self.obj(doc, field)
+        head = (self.int(doc, "id", field), self.int(doc, "input_chunks", field, None, 0, 1 << 31),
+                self.int(doc, "output_chunks", field, None, 0, 1 << 31), self.int(doc, "scratch_chunks", field, None, 0, 1 << 31))
         channels = []
         for i, c in enumerate(self.list(doc.get("channels"), f"{field}.channels")):
             where = f"{field}.channels[{i}]"
@@ -121,10 +123,7 @@ class _Reader:
             sems.append(self.int(self.obj(s, f"{field}.semaphores[{i}]"), "init_value", f"{field}.semaphores[{i}]", 0, 0, 1 << 20))
         tbs = tuple(self.threadblock(tb, f"{field}.threadblocks[{i}]")
                     for i, tb in enumerate(self.list(doc.get("threadblocks"), f"{field}.threadblocks")))
-        return GpuPlan(self.int(doc, "id", field), self.int(doc, "input_chunks", field, None, 0, 1 << 31),
-                       self.int(doc, "output_chunks", field, None, 0, 1 << 31),
-                       self.int(doc, "scratch_chunks", field, None, 0, 1 << 31), tbs, tuple(channels), tuple(buffers),
-                       tuple(sems))
+        return GpuPlan(*head, tbs, tuple(channels), tuple(buffers), tuple(sems))
 
     def threadblock(self, doc: Any, field: str) -> Threadblock:
         doc = self.obj(doc, field)

@@ -1,0 +1,69 @@
+"""`hipipe compile --backend mscclpp`, `hipipe verify` and `hipipe simulate` of plans, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+from hipipe_compiler.mscclpp.reader import read_plan
+from hipipe_compiler.mscclpp.verify import verify_plan
+
+from conftest import run_hipipe
+
+
+def test_one_plan_compiles_verifies_and_simulates(tmp_path):
+    out = tmp_path / "ar.json"
+    done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--size", "1MiB", "-o", out)
+    assert done.returncode == 0, done.stderr
+    plan = read_plan(out)
+    assert plan.collective == "allreduce" and plan.ngpus == 16 and not plan.inplace
+    checked = run_hipipe("verify", out)
+    assert checked.returncode == 0 and "MSCCL++ plan" in checked.stdout and "verified" in checked.stdout
+    timed = run_hipipe("simulate", out, "--topo", "dgx-h100-8x2", "--size", "1MiB", "--json")
+    assert timed.returncode == 0, timed.stderr
+    result = json.loads(timed.stdout)
+    assert result["format"] == "mscclpp" and result["time_us"] >= result["lower_bound_us"] > 0
+
+
+def test_a_directory_holds_a_plan_per_buffer_mode_and_a_manifest(tmp_path):
+    out = tmp_path / "plans"
+    done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--coll", "allgather", "--sizes", "1MiB:4MiB",
+                      "--min-speedup", "0", "-o", out)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((out / ".hipipe" / "manifest.json").read_text())
+    assert manifest["backend"] == "mscclpp" and manifest["ranks_per_node"] == 8
+    entries = manifest["plans"]
+    assert {e["inplace"] for e in entries} == {False, True}
+    for e in entries:
+        plan = read_plan(out / e["file"])
+        assert (plan.name, plan.inplace, plan.min_message_size, plan.max_message_size) == (
+            e["name"], e["inplace"], e["min_message_size"], e["max_message_size"])
+        assert e["size_multiple"] % (16 * plan.gpus[0].input_chunks) == 0
+        assert verify_plan(plan).ok
+    assert len({e["name"] for e in entries}) == len(entries)  # the shim keys its map by name
+
+
+def test_bad_plans_and_options_are_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x", "collective": "allreduce", "protocol": "Simple", "inplace": false, "gpus": [{"id": "0"}]}')
+    for args in (("verify", bad), ("simulate", bad, "--topo", "dgx-h100-8x1", "--size", "1MiB")):
+        done = run_hipipe(*args)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert str(bad) in done.stderr and "gpus[0].id" in done.stderr
+    done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--proto", "LL128", "--algo", "hierarchical",
+                      "--size", "1MiB", "-o", tmp_path / "x.json")
+    assert done.returncode == 2 and "LL128" in done.stderr and not (tmp_path / "x.json").exists()
+    done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--algo", "hierarchical", "--chunks", "2",
+                      "--size", "1000000", "-o", tmp_path / "y.json")
+    assert done.returncode == 2 and "multiple" in done.stderr and not (tmp_path / "y.json").exists()
+
+
+def test_a_broken_plan_fails_verification_with_exit_1(tmp_path):
+    out = tmp_path / "ar.json"
+    assert run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--algo", "hierarchical", "--proto", "Simple",
+                      "--size", "1MiB", "-o", out).returncode == 0
+    doc = json.loads(out.read_text())
+    ops = doc["gpus"][0]["threadblocks"][0]["ops"]
+    doc["gpus"][0]["threadblocks"][0]["ops"] = [o for o in ops if o["name"] != "signal"]
+    out.write_text(json.dumps(doc))
+    done = run_hipipe("verify", out)
+    assert done.returncode == 1 and "deadlock" in done.stdout + done.stderr

@@ -1,0 +1,85 @@
+"""Plans from JSON: what we write reads back the same; hostile or malformed JSON is one
+InputError naming the file and the field, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hipipe_compiler.errors import InputError
+from hipipe_compiler.mscclpp.fitting import fit
+from hipipe_compiler.mscclpp.reader import MAX_DEPTH, looks_like_plan, read_plan, read_plan_text
+from hipipe_compiler.mscclpp.writer import plan_document, write_plan
+from hipipe_compiler.presets import preset
+from hipipe_compiler.schedule import hierarchical_plan
+
+
+def _plan(protocol: str = "Simple"):
+    topo = preset("dgx-h100-8x2")
+    return fit(hierarchical_plan(topo, "allreduce", chunks=2, protocol=protocol, max_bytes=1 << 20), topo, "r")[1]
+
+
+@pytest.mark.parametrize("protocol", ["Simple", "LL"])
+def test_round_trip(protocol, tmp_path):
+    plan = _plan(protocol)
+    path = tmp_path / "p.json"
+    path.write_text(write_plan(plan))
+    assert looks_like_plan(path)
+    assert read_plan(path) == plan
+
+
+def _doc() -> dict:
+    return plan_document(_plan())
+
+
+BREAKAGES = [
+    (lambda d: d.pop("name"), "name", "expected a string"),
+    (lambda d: d.update(inplace="yes"), "inplace", "expected true or false"),
+    (lambda d: d["gpus"][1].update(input_chunks=-1), "gpus[1].input_chunks", "expected an integer"),
+    (lambda d: d["gpus"][0]["threadblocks"][0]["ops"][0].update(src_buff=[{"type": "x", "index": 0, "size": 1}]),
+     "gpus[0].threadblocks[0].ops[0].src_buff[0].type", "expected one of i, o, s"),
+    (lambda d: d["gpus"][0]["threadblocks"][0]["ops"][0].update(src_buff=[{"index": 0, "size": 1}]),
+     "gpus[0].threadblocks[0].ops[0].src_buff[0]", "type, buffer_id or switch_channel_id"),
+    (lambda d: d["gpus"][0]["channels"][0].update(channel_type="nvlink"), "gpus[0].channels[0].channel_type",
+     "memory, port, switch"),
+    (lambda d: d["gpus"][0].update(threadblocks={}), "gpus[0].threadblocks", "expected a list"),
+    (lambda d: d["gpus"][0]["semaphores"].append({"init_value": 1.5}), "gpus[0].semaphores", "expected an integer"),
+    (lambda d: d.update(max_message_size=2 ** 64), "max_message_size", "expected an integer"),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BREAKAGES)))
+def test_malformed_fields_are_named(case, tmp_path):
+    breaking, field, message = BREAKAGES[case]
+    doc = _doc()
+    breaking(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as err:
+        read_plan(path)
+    assert err.value.source == str(path)
+    assert err.value.field and err.value.field.startswith(field), err.value
+    assert message in err.value.message
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * (MAX_DEPTH + 5) + "]" * (MAX_DEPTH + 5), "nested deeper"),
+    ('{"name": "a", "name": "b"}', "appears twice"),
+    ('{"name": NaN}', "not valid JSON"),
+    ("{", "not valid JSON"),
+    ("[]", "expected an object"),
+])
+def test_hostile_json_is_one_error(text, message):
+    with pytest.raises(InputError) as err:
+        read_plan_text(text, "h.json")
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_binary_and_missing_files(tmp_path):
+    blob = tmp_path / "blob.json"
+    blob.write_bytes(b"{\xff\xfe")
+    with pytest.raises(InputError, match="not UTF-8"):
+        read_plan(blob)
+    with pytest.raises(InputError, match="cannot read"):
+        read_plan(tmp_path / "absent.json")

@@ -106,8 +106,12 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                 except PlanError as exc:
                     error = error or exc
                     continue
+            size = timed_size(plan, hi)
+            if size < lo:
+                error = error or PlanError(f"no size of {cw.window.label} is a multiple of {size_multiple(plan)} bytes "
+                                           "(the plan's chunks on 16-byte boundaries), so the executor would refuse every call")
+                continue
             with watch.phase("predict"):
-                size = timed_size(plan, hi)
                 result = time_plan(plan, topology, size)
             if best is None or result.time_us < best[2].time_us:
                 best = (program, plan, result, size, schedule)

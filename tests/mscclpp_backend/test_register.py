@@ -1,0 +1,66 @@
+"""Registration with MSCCL++'s shim: what the selector picks for a call, from the manifest of a
+compiled directory; the mscclpp call itself needs a GPU build of MSCCL++ and skips here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hipipe_compiler.errors import InputError
+from hipipe_compiler.mscclpp.register import PlanEntry, choose, load_manifest, register
+
+from conftest import run_hipipe
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plans") / "ag"
+    done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--coll", "allgather", "--sizes", "1MiB:4MiB",
+                      "--min-speedup", "0", "-o", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def test_the_manifest_lists_every_plan(directory):
+    entries = load_manifest(directory)
+    assert entries and all((directory / e.file).is_file() for e in entries)
+    assert {e.world_size for e in entries} == {8} and {e.ranks_per_node for e in entries} == {8}
+
+
+def test_the_selector_follows_the_shims_sizes_and_buffer_modes(directory):
+    entries = load_manifest(directory)
+    per_rank = (2 << 20) // 8  # an all-gather of 2 MiB in all: the shim reports the per-rank bytes
+    out_buf = 1 << 40
+    rank = 3
+
+    def pick(inp: int, size: int = per_rank, dtype: str = "bfloat16") -> PlanEntry | None:
+        return choose(entries, "allgather", size, 8, 8, rank=rank, input_buffer=inp, output_buffer=out_buf, dtype=dtype)
+    separate = pick(1 << 20)
+    aliased = pick(out_buf + rank * per_rank)  # NCCL's in-place all-gather
+    assert separate is not None and not separate.inplace
+    assert aliased is not None and aliased.inplace
+    assert pick(1 << 20, size=per_rank + 2) is None  # the chunks do not divide it: NCCL runs it
+    assert pick(1 << 20, size=(8 << 20) // 8) is None  # beyond every window
+    assert pick(1 << 20, dtype="float8_e4m3") is None and pick(1 << 20, dtype="float64") is None
+    assert choose(entries, "allgather", per_rank, 16, 8, rank, 1 << 20, out_buf, "float32") is None  # another world
+
+
+def test_bad_manifests_are_one_error(tmp_path):
+    with pytest.raises(InputError, match="cannot read the manifest"):
+        load_manifest(tmp_path)
+    (tmp_path / ".hipipe").mkdir()
+    (tmp_path / ".hipipe" / "manifest.json").write_text(json.dumps({"backend": "msccl", "files": []}))
+    with pytest.raises(InputError, match="MSCCL\\+\\+ plans"):
+        load_manifest(tmp_path)
+    (tmp_path / ".hipipe" / "manifest.json").write_text(json.dumps({"backend": "mscclpp", "plans": [
+        {"name": "x", "collective": "allreduce", "world_size": 8, "ranks_per_node": 8, "inplace": False,
+         "min_message_size": 0, "max_message_size": 1, "size_multiple": 16, "file": "../../etc/passwd"}]}))
+    with pytest.raises(InputError, match="inside the directory"):
+        load_manifest(tmp_path)
+
+
+def test_registering_needs_mscclpp(directory):
+    pytest.importorskip("mscclpp", reason="MSCCL++ needs CUDA and a GPU build; this machine has neither")
+    names = register(directory, rank=0)
+    assert names == [e.name for e in load_manifest(directory)]

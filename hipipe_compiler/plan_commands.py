@@ -13,7 +13,7 @@ from .files import check_output_path, write_atomic, writing
 from .handoff import against_nccl, kept, left
 from .msccl.runtime import Limits
 from .mscclpp.reader import read_plan
-from .mscclpp.timing import time_plan
+from .sim.plans import time_plan
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan
 from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer, size_multiple,

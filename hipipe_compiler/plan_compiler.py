@@ -23,9 +23,9 @@ from .errors import InputError, PlanError
 from .files import write_atomic, writing
 from .msccl.program import Program
 from .msccl.verify import Report
-from .mscclpp.fitting import fit
+from .plan_fitting import fit
 from .mscclpp.plan import ExecutionPlan
-from .mscclpp.timing import time_plan
+from .sim.plans import time_plan
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan

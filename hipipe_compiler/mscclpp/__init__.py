@@ -1,10 +1,10 @@
 """The MSCCL++ backend: execution plans (JSON) for the maintained one-sided runtime.
 
 - `plan`: the plan's dataclasses and the executor's limits;
-- `translate`, `fitting`: a Program lowered for puts, signals and waits, within the limits;
+- `translate`: a Program's steps as puts, signals and waits (plan_fitting.py keeps them within
+  the limits; sim/plans.py times them);
 - `writer`, `reader`: JSON out, JSON in (safely);
 - `verify`: the proof that a plan is correct on the executor;
-- `timing`: its time under the cost model;
 - `register`: plans handed to MSCCL++'s NCCL shim from a PyTorch job (imports mscclpp when called).
 """
 

@@ -200,6 +200,19 @@ class ExecutionPlan:
         return max((sum(1 for _ in tb.flat_ops()) for g in self.gpus for tb in g.threadblocks), default=0)
 
 
+def packet_operand(name: str, source: bool, k: int) -> bool:
+    """Whether operand k of a side of a packet operation holds packets (2C per chunk) rather than data."""
+    if name in ("cpkt", "ppkt"):
+        return not source
+    if name in ("upkt", "gstorepkt"):
+        return source
+    if name == "rppkt":
+        return True
+    if name in ("repkt", "respkt", "recpkt", "recspkt"):
+        return k > 0
+    return False
+
+
 def message_sizes(collective: str, nbytes: int, ngpus: int) -> tuple[int, int]:
     """(input, output) bytes of a call of nbytes (the nccl-tests size) as the shim passes them."""
     if collective == "allgather":

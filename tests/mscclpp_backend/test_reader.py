@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.mscclpp.fitting import fit
+from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.mscclpp.reader import MAX_DEPTH, looks_like_plan, read_plan, read_plan_text
 from hipipe_compiler.mscclpp.writer import plan_document, write_plan
 from hipipe_compiler.presets import preset

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.mscclpp.fitting import fit
+from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op
 from hipipe_compiler.mscclpp.reader import read_plan_text
 from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan

@@ -24,8 +24,7 @@ import numpy as np
 
 from ...msccl.verify.report import Collector
 from ..memory import where
-from ..plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs
-from .structure import packet_operand
+from ..plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs, packet_operand
 
 MASK = (1 << 64) - 1
 Value = tuple[int, int, int]  # (identity, contributions, sum of the contributors' weights mod 2^64)

@@ -9,7 +9,7 @@ from collections import Counter
 from ...msccl.verify.report import Collector
 from ..plan import (BUFFER_TYPES, CHANNEL_OPS, CHANNEL_TYPES, COLLECTIVES, DATA_OPS, MAX_BARRIERS, MAX_CHANNELS,
                     MAX_CHANNELS_PER_OP, MAX_OPERANDS, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, MAX_THREADS, OPERATIONS,
-                    PACKET_OPS, SEMAPHORE_OPS, ExecutionPlan, GpuPlan, Op, Operand, Threadblock)
+                    PACKET_OPS, SEMAPHORE_OPS, ExecutionPlan, GpuPlan, Op, Operand, Threadblock, packet_operand)
 
 #: Operations whose first destination is local and later ones may be peers.
 LOCAL_FIRST_DST = frozenset({"re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt", "copy", "upkt", "cpkt", "get"})
@@ -206,19 +206,6 @@ def _operand(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, op: Op, o: Operan
         out.add("packet-scratch", "packets live only in scratch", *where)
     if o.index < 0 or o.size < 1 or o.end > size:
         out.add("operand-bounds", f"chunks [{o.index}, {o.end}) of a buffer of {size} chunks", *where)
-
-
-def packet_operand(name: str, source: bool, k: int) -> bool:
-    """Whether operand k of a side of a packet operation holds packets (2C per chunk) rather than data."""
-    if name in ("cpkt", "ppkt"):
-        return not source
-    if name in ("upkt", "gstorepkt"):
-        return source
-    if name == "rppkt":
-        return True
-    if name in ("repkt", "respkt", "recpkt", "recspkt"):
-        return k > 0
-    return False
 
 
 def _chunks(plan: ExecutionPlan, g: GpuPlan, buf: str, packet: bool) -> int:

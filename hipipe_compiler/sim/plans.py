@@ -1,4 +1,4 @@
-"""The time of an execution plan under cost-model.md, on the network of sim/network.py.
+"""The time of an MSCCL++ execution plan under cost-model.md, on the network of network.py.
 
 What each operation costs (docs/mscclpp.md of the project has the table):
 - a put (memory channel) is a message from this rank to the peer: its bytes at the shared
@@ -15,7 +15,7 @@ What each operation costs (docs/mscclpp.md of the project has the table):
 
 >>> from hipipe_compiler.presets import preset
 >>> from hipipe_compiler.schedule import hierarchical_plan
->>> from hipipe_compiler.mscclpp.fitting import fit
+>>> from hipipe_compiler.plan_fitting import fit
 >>> topo = preset("dgx-h100-8x2")
 >>> _, plan = fit(hierarchical_plan(topo, max_bytes=1 << 20), topo, "demo")
 >>> result = time_plan(plan, topo, 1 << 20)
@@ -30,11 +30,10 @@ from collections import defaultdict
 
 from ..bounds import lower_bound, one_protocol_bound_us
 from ..hardware import WIRE_EFFICIENCY
-from ..sim.network import NETWORK_EVENTS, Message, Network
-from ..sim.simulate import DimensionUsage, SimResult, SimulationError
+from ..mscclpp.plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs, message_sizes, packet_operand
 from ..topology import Topology
-from .plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs, message_sizes
-from .verify.structure import packet_operand
+from .network import NETWORK_EVENTS, Message, Network
+from .simulate import DimensionUsage, SimResult, SimulationError
 
 LOCAL_OPS = frozenset({"copy", "re", "res", "rre", "rres", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt"})
 

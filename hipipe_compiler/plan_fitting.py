@@ -15,15 +15,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import PlanError
-from ..hardware import gpu_model
-from ..lower import lower
-from ..msccl.program import Program
-from ..msccl.runtime import Limits
-from ..schedule import Plan
-from ..topology import Topology
-from .plan import ExecutionPlan
-from .translate import translate
+from .errors import PlanError
+from .hardware import gpu_model
+from .lower import lower
+from .msccl.program import Program
+from .msccl.runtime import Limits
+from .schedule import Plan
+from .topology import Topology
+from .mscclpp.plan import ExecutionPlan
+from .mscclpp.translate import translate
 
 #: Step limits tried in turn: the longest threadblocks whose translation fits come first.
 STEP_BUDGETS = (64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2)

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from hipipe_compiler.mscclpp.fitting import fit
-from hipipe_compiler.mscclpp.timing import time_plan
+from hipipe_compiler.plan_fitting import fit
+from hipipe_compiler.sim.plans import time_plan
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
 from hipipe_compiler.sim import SimulationError, simulate_exact

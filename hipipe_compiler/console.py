@@ -33,6 +33,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     """One row per size window: what was chosen, its shape, and its simulated performance."""
     rows = []
     nccl = any("nccl" in s for s in summaries)
+    xml = any("xml_us" in s for s in summaries)  # an MSCCL++ plan beside the same program as MSCCL XML
     for s in summaries:
         u, u1 = s.get("utilisation"), s.get("utilisation1")
         row = [
@@ -41,11 +42,14 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             s["longest_threadblock"], f"{s['predicted_us']:,.1f}", f"{s['busbw_GBps']:,.1f}",
             "-" if u is None else f"{u:.3f}", "-" if u1 is None else f"{u1:.3f}", "yes" if s["verified"] else "-",
         ]
+        if xml:
+            row.append("-" if s.get("xml_us") is None else f"{s['xml_us']:,.1f}")
         if nccl:
             row.append(nccl_cell(s))
         rows.append(row)
     headers = ["window", "plan", "proto", "chunks", "chunk sizes", "elements x", "channels", "tbs", "longest tb",
-               "us @max", "busbw GB/s", "U", "U1", "verified", *(["vs NCCL"] if nccl else [])]
+               "us @max", "busbw GB/s", "U", "U1", "verified", *(["as XML us"] if xml else []),
+               *(["vs NCCL"] if nccl else [])]
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 

@@ -17,13 +17,16 @@ and the dtypes the executor reduces. `mscclpp` is imported only inside `register
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InputError
 
 MANIFEST = Path(".hipipe") / "manifest.json"
+LOG = logging.getLogger("hipipe.mscclpp")
 #: Dtypes the executor sums (mscclpp.md 1): i32/u32 run as u32; fp8 compiles to nothing on CUDA.
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "int32", "uint32")
 
@@ -80,17 +83,39 @@ def choose(entries: Sequence[PlanEntry], collective: str, message_size: int, wor
            rank: int, input_buffer: int, output_buffer: int, dtype: str) -> PlanEntry | None:
     """The plan for a call, as the shim reports it (`message_size` per rank for an all-gather,
     the whole input for a reduce-scatter), or None to leave the call to NCCL."""
+    return decide(entries, collective, message_size, world_size, ranks_per_node, rank, input_buffer, output_buffer,
+                  dtype)[0]
+
+
+def decide(entries: Sequence[PlanEntry], collective: str, message_size: int, world_size: int, ranks_per_node: int,
+           rank: int, input_buffer: int, output_buffer: int, dtype: str) -> tuple[PlanEntry | None, str]:
+    """The plan for a call and why, or None and why the call goes to NCCL."""
     if dtype not in SUPPORTED_DTYPES:
-        return None
+        return None, f"dtype {dtype}"
     total = message_size * world_size if collective == "allgather" else message_size
     per_rank = message_size if collective == "allgather" else total // max(world_size, 1)
     inplace = buffer_inplace(collective, rank, input_buffer, output_buffer, per_rank)
-    for e in entries:
-        if (e.collective == collective and e.world_size == world_size and e.ranks_per_node == ranks_per_node
-                and e.inplace == inplace and e.min_message_size <= total <= e.max_message_size
-                and total % e.size_multiple == 0):
-            return e
-    return None
+    shaped = [e for e in entries if e.collective == collective and e.world_size == world_size
+              and e.ranks_per_node == ranks_per_node and e.inplace == inplace]
+    if not shaped:
+        return None, f"no {'in-place' if inplace else 'out-of-place'} {collective} plan for this job shape"
+    sized = [e for e in shaped if e.min_message_size <= total <= e.max_message_size]
+    if not sized:
+        return None, "size outside every window"
+    for e in sized:
+        if total % e.size_multiple == 0:
+            return e, "served"
+    return None, f"size not a multiple of {sized[0].size_multiple} bytes"
+
+
+@dataclass
+class Registration:
+    """What `register` set up, and the selector's decisions so far: calls served per plan,
+    and calls left to NCCL per reason (to check which calls hit a plan)."""
+
+    names: list[str]
+    served: Counter = field(default_factory=Counter)
+    left: Counter = field(default_factory=Counter)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -98,9 +123,10 @@ def _dtype_name(dtype: Any) -> str:
     return str(getattr(dtype, "name", dtype)).split(".")[-1].lower()
 
 
-def register(directory: str | Path, rank: int) -> list[str]:
+def register(directory: str | Path, rank: int) -> Registration:
     """Register every plan of `directory` for this rank with MSCCL++'s AlgorithmCollectionBuilder
-    and install the selector; the names registered. Call before init_process_group("nccl")."""
+    and install the selector. Call before init_process_group("nccl"). Each decision is also
+    logged at DEBUG on the `hipipe.mscclpp` logger."""
     entries = load_manifest(directory)
     for e in entries:
         if not (Path(directory) / e.file).is_file():
@@ -113,11 +139,21 @@ def register(directory: str | Path, rank: int) -> list[str]:
         plan = mscclpp.ExecutionPlan(str(Path(directory) / e.file), rank)
         constraint = mscclpp.Algorithm.Constraint(world_size=e.world_size, n_ranks_per_node=e.ranks_per_node)
         builder.add_algorithm_builder(mscclpp.Algorithm(id=e.name, execution_plan=plan, constraint=constraint))
+    registration = Registration([e.name for e in entries])
+    builder.set_algorithm_selector(lambda algorithms, request: select(registration, entries, algorithms, request))
+    return registration
 
-    def selector(algorithms: dict[str, dict[str, Any]], request: Any) -> Any:
-        entry = choose(entries, request.collective, request.message_size, request.world_size, request.n_ranks_per_node,
-                       request.rank, int(request.input_buffer), int(request.output_buffer), _dtype_name(request.dtype))
-        return None if entry is None else algorithms.get(request.collective, {}).get(entry.name)
 
-    builder.set_algorithm_selector(selector)
-    return [e.name for e in entries]
+def select(registration: Registration, entries: Sequence[PlanEntry], algorithms: dict[str, dict[str, Any]],
+           request: Any) -> Any:
+    """The selector MSCCL++ calls for every collective: a registered algorithm, or None for NCCL."""
+    entry, why = decide(entries, request.collective, request.message_size, request.world_size, request.n_ranks_per_node,
+                        request.rank, int(request.input_buffer), int(request.output_buffer), _dtype_name(request.dtype))
+    algorithm = None if entry is None else algorithms.get(request.collective, {}).get(entry.name)
+    if algorithm is None:
+        why = why if entry is None else f"{entry.name} is not registered"
+        registration.left[why] += 1
+    else:
+        registration.served[entry.name] += 1
+    LOG.debug("%s of %d bytes: %s", request.collective, request.message_size, entry.name if algorithm else f"NCCL ({why})")
+    return algorithm

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.mscclpp.register import PlanEntry, choose, load_manifest, register
+from hipipe_compiler.mscclpp.register import PlanEntry, Registration, choose, load_manifest, register, select
 
 from conftest import run_hipipe
 
@@ -60,7 +60,25 @@ def test_bad_manifests_are_one_error(tmp_path):
         load_manifest(tmp_path)
 
 
+def test_the_selector_counts_what_it_serves_and_what_it_leaves(directory):
+    entries = load_manifest(directory)
+    registration = Registration([e.name for e in entries])
+    per_rank = (2 << 20) // 8
+
+    class Request:  # what MSCCL++ hands the selector (CollectiveRequest's Python binding)
+        def __init__(self, size: int, dtype: str) -> None:
+            self.collective, self.message_size, self.world_size, self.n_ranks_per_node = "allgather", size, 8, 8
+            self.rank, self.input_buffer, self.output_buffer, self.dtype = 0, 1 << 20, 1 << 40, dtype
+    served = choose(entries, "allgather", per_rank, 8, 8, 0, 1 << 20, 1 << 40, "float32")
+    algorithms = {"allgather": {served.name: "the algorithm"}}
+    assert select(registration, entries, algorithms, Request(per_rank, "float32")) == "the algorithm"
+    assert select(registration, entries, algorithms, Request(per_rank + 2, "float32")) is None
+    assert select(registration, entries, algorithms, Request(per_rank, "float64")) is None
+    assert registration.served == {served.name: 1}
+    assert sorted(registration.left) == ["dtype float64", f"size not a multiple of {served.size_multiple} bytes"]
+
+
 def test_registering_needs_mscclpp(directory):
-    pytest.importorskip("mscclpp", reason="MSCCL++ needs CUDA and a GPU build; this machine has neither")
-    names = register(directory, rank=0)
-    assert names == [e.name for e in load_manifest(directory)]
+    pytest.importorskip("mscclpp.ext", reason="MSCCL++ needs CUDA and a GPU build; this machine has neither")
+    registration = register(directory, rank=0)
+    assert registration.names == [e.name for e in load_manifest(directory)]

@@ -1,0 +1,81 @@
+"""Every plan of the default directories, loaded by MSCCL++'s own loader on a CPU.
+
+MSCCL++ cannot run without CUDA, but its plan loader and executor set-up can: built from
+microsoft/mscclpp at the pinned commit with the GPU calls stubbed (a `load-plan` program and
+its `check-plan.sh` driver, run for every rank). This script compiles the default
+directories (the sample topologies up to 128 ranks, all three collectives, 64 KiB to 1 GiB),
+hands every plan to that loader at the smallest and largest size of its window that the
+plan's chunks divide, and prints how many the loader accepts. The target: all of them.
+
+    python benchmarks/mscclpp_loader.py LOADER_DIR [TOPOLOGY ...]
+
+LOADER_DIR holds `load-plan` and `check-plan.sh`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hipipe_compiler.compiler import CompileOptions  # noqa: E402
+from hipipe_compiler.plan_compiler import compile_plans, size_multiple, timed_size  # noqa: E402
+from hipipe_compiler.mscclpp.writer import save_plan  # noqa: E402
+from hipipe_compiler.presets import load_topology  # noqa: E402
+
+TOPOLOGIES = ("samples/topologies/dgx-h100-8x4.yaml", "samples/topologies/a100-8x4-100gbe.yaml",
+              "samples/topologies/torus-4x4.yaml", "samples/topologies/ring-fc-switch-2x8x4.yaml",
+              "samples/topologies/torus-4x4x4.yaml", "samples/topologies/dgx-h100-8x16.json")
+COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    loader = Path(argv[0])
+    check = loader / "check-plan.sh"
+    if not check.exists():
+        print(f"{check} is missing: build the loader first")
+        return 2
+    topologies = argv[1:] or [str(REPO / t) for t in TOPOLOGIES]
+    accepted = refused = 0
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in topologies:
+            topo = load_topology(name)
+            for coll in COLLECTIVES:
+                compiled = compile_plans(topo, CompileOptions(collective=coll), 64 << 10, 1 << 30)
+                for cp in compiled:
+                    for plan in cp.plans:
+                        path = Path(tmp) / f"{plan.name}.json"
+                        save_plan(plan, path)
+                        lo = max(plan.min_message_size, size_multiple(plan))
+                        lo += -lo % size_multiple(plan)
+                        hi = timed_size(plan, plan.max_message_size)
+                        sizes = sorted({lo, hi})
+                        # check-plan takes the per-rank size n of an all-gather and the output of a reduce-scatter
+                        per = [s // topo.nranks if coll in ("allgather", "reducescatter") else s for s in sizes]
+                        done = subprocess.run(["bash", str(check), "-q", str(path), *map(str, per)], capture_output=True,
+                                              text=True)
+                        if done.returncode == 0:
+                            accepted += 1
+                        else:
+                            refused += 1
+                            print(f"REFUSED {topo.label} {plan.name}: {done.stdout.strip().splitlines()[-1:]}")
+                print(f"{topo.label} {coll}: {sum(len(cp.plans) for cp in compiled)} plan(s) checked; "
+                      f"{accepted} accepted, {refused} refused so far ({time.perf_counter() - start:.0f} s)", flush=True)
+    total = accepted + refused
+    holds = refused == 0 and total > 0
+    print(f"target: MSCCL++'s loader accepts every plan, for every rank: {accepted} of {total} -> "
+          f"{'holds' if holds else 'MISSED'}")
+    return 0 if holds else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -23,7 +23,7 @@ from .msccl.runtime import Limits
 from .schedule import Plan
 from .topology import Topology
 from .mscclpp.plan import ExecutionPlan
-from .mscclpp.translate import translate
+from .mscclpp.translate import TooManyOperations, translate
 
 #: Step limits tried in turn: the longest threadblocks whose translation fits come first.
 STEP_BUDGETS = (64, 48, 32, 24, 16, 12, 8, 6, 4, 3, 2)
@@ -40,21 +40,28 @@ def threadblock_budget(topology: Topology, limits: Limits) -> Limits:
 
 def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits: Limits = Limits(),
         node_size: int | None = None) -> tuple[Program, ExecutionPlan]:
-    """(program, execution plan) for `plan`; PlanError naming the limit when none fits."""
-    error: PlanError | None = None
+    """(program, execution plan) for `plan`; PlanError naming the limit when none fits.
+
+    Steps across nodes cost the most operations (a staging copy and its nop besides the
+    put), so the outer axes, where the network is, are cut shorter first, and the inner
+    ones only when their own threadblocks overflow."""
     limits = threadblock_budget(topology, limits)
-    for steps in STEP_BUDGETS:
-        if steps > limits.max_steps:
-            continue
+    outer = range(1, len(plan.algorithms)) if not plan.flat else range(0)
+    budgets = [s for s in STEP_BUDGETS if s <= limits.max_steps]
+    inner_at, outer_at = 0, 0
+    while True:
+        steps = {a: budgets[outer_at] for a in outer}
         try:
-            program = lower(plan, replace(limits, max_steps=steps))
+            program = lower(plan, replace(limits, max_steps=budgets[inner_at]), axis_steps=steps)
         except PlanError as exc:
-            error = error or exc
-            break  # shorter threadblocks only need more of them
+            raise PlanError(f"no threadblock length fits the MSCCL++ executor: {exc}") from None
         try:
             return program, translate(program, topology, name, inplace, node_size)
-        except PlanError as exc:
-            error = exc
-            if "operations" not in str(exc):
-                break
-    raise error or PlanError("no step budget fits")
+        except TooManyOperations as exc:
+            if exc.port and outer and outer_at + 1 < len(budgets):
+                outer_at += 1
+            elif inner_at + 1 < len(budgets):
+                inner_at += 1
+                outer_at = max(outer_at, inner_at)
+            else:
+                raise

@@ -21,7 +21,7 @@ the passes, one module each:
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..collector import paused
 from ..errors import PlanError
@@ -50,14 +50,17 @@ def lowering_key(plan: Plan) -> tuple[Any, ...]:
             iterations(plan.protocol, plan.max_bytes, n) <= MAX_ITERATIONS)
 
 
-def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = None) -> Program:
+def lower(plan: Plan, limits: Limits = Limits(), ranks: Sequence[int] | None = None,
+          axis_steps: Mapping[int, int] | None = None) -> Program:
     """Lower a plan to a Program within the runtime limits, or raise PlanError saying why not.
 
     With `ranks`, only those ranks' gpus are built (a partial program for estimates, such as
-    simulate(..., quotient=True) on rank 0; never written out).
+    simulate(..., quotient=True) on rank 0; never written out). `axis_steps` cuts the
+    threadblocks of some axes shorter than the step limit (a backend whose steps cost more
+    on some links).
     """
     with paused():
-        return _lower(plan, limits, ranks)
+        return _lower(plan, limits, ranks, axis_steps)
 
 
 def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -> bool:
@@ -83,7 +86,7 @@ def same_schedule(plan: Plan, ranks: Sequence[int], limits: Limits = Limits()) -
     return True
 
 
-def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
+def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None, axis_steps: Mapping[int, int] | None) -> Program:
     """lower() with the collector paused."""
     check_plan(plan)
     if plan.topology.nranks > limits.max_children:
@@ -103,7 +106,7 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
     chosen = list(range(plan.topology.nranks)) if ranks is None else list(ranks)
     per_rank_ops = [gen.generate(r) for r in chosen]
     # what the first rank needs at least, before the costly passes: many candidates fail here
-    first_cuts = segment_cuts(gen, per_rank_ops[:1], {}, [[0] * len(per_rank_ops[0])])
+    first_cuts = segment_cuts(gen, per_rank_ops[:1], {}, [[0] * len(per_rank_ops[0])], axis_steps)
     ntb, rank_nodes = footprint(gen, per_rank_ops[0], first_cuts)
     check_threadblocks(ntb, limits, floor=True)
     check_nodes(plan.topology.nranks, rank_nodes, limits, floor=True)
@@ -122,13 +125,14 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None) -> Program:
         # the probe's program is only kept when it is the whole answer
         build = phase == "all" or len(chosen) == 1
         for attempt in range(12):
-            cuts = first_cuts if phase == "probe" and attempt == 0 else segment_cuts(gen, ops_, budgets, extra)
+            cuts = first_cuts if phase == "probe" and attempt == 0 else segment_cuts(gen, ops_, budgets, extra, axis_steps)
             program, overflow, nops = emit(plan, gen, ranks_, ops_, raw_, cuts, limits, build, first)
             if not overflow:
                 break
             extra = nops
             for key, over in overflow.items():
-                budgets[key] = min(budgets.get(key, limits.max_steps), limits.max_steps) - max(1, over // 2)
+                start = min(limits.max_steps, (axis_steps or {}).get(key[0], limits.max_steps))
+                budgets[key] = min(budgets.get(key, start), limits.max_steps) - max(1, over // 2)
                 if budgets[key] < 4:
                     raise PlanError(f"axis {key[0]} lane {key[1]}: cannot fit the steps of one exchange into "
                                     f"{limits.max_steps} steps per threadblock")

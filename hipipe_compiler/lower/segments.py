@@ -6,17 +6,21 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import defaultdict
+from typing import Mapping
 
 from .generate import Generator
 from .ops import Op
 
 
 def segment_cuts(gen: Generator, per_rank_ops: list[list[Op]], budgets: dict[tuple[int, int], int],
-                  extra_steps: list[list[int]]) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
-    """For each (axis, lane): the ticks at which a new threadblock segment starts."""
+                  extra_steps: list[list[int]], axis_steps: Mapping[int, int] | None = None
+                  ) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
+    """For each (axis, lane): the ticks at which a new threadblock segment starts; `axis_steps`
+    holds some axes' threadblocks shorter than the step limit."""
     cuts: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     for key, ticks in _steps_per_tick(gen, per_rank_ops, extra_steps).items():
-        cuts[key] = _cuts_within(ticks, budgets.get(key, gen.limits.max_steps))
+        default = min(gen.limits.max_steps, (axis_steps or {}).get(key[0], gen.limits.max_steps))
+        cuts[key] = _cuts_within(ticks, budgets.get(key, default))
     return cuts
 
 

@@ -54,6 +54,15 @@ def ranks_per_node(topology: Topology) -> int:
     return n
 
 
+class TooManyOperations(PlanError):
+    """A threadblock needs more operations than the executor runs; `port` when it sends or
+    receives across nodes (those steps cost the most operations)."""
+
+    def __init__(self, message: str, port: bool) -> None:
+        super().__init__(message)
+        self.port = port
+
+
 @dataclass(frozen=True)
 class Slot:
     """Where a receive lands: chunks [index, index+size) of the receiver's scratch, as packets or plain."""
@@ -287,8 +296,9 @@ class _Emission:
             self.ops.sync_in(Op("wait", self.send_kind, (self.send_channel,)))
         ops = tuple(self.ops.ops)
         if len(ops) > MAX_OPERATIONS:
-            raise PlanError(f"rank {self.rank} tb {self.tb.id} needs {len(ops)} operations; the MSCCL++ executor runs at "
-                            f"most {MAX_OPERATIONS} per threadblock (MAX_OPERATION)")
+            raise TooManyOperations(f"rank {self.rank} tb {self.tb.id} needs {len(ops)} operations; the MSCCL++ executor "
+                                    f"runs at most {MAX_OPERATIONS} per threadblock (MAX_OPERATION)",
+                                    "port" in (self.send_kind, self.recv_kind))
         return Threadblock(self.tb.id, ops,
                            tuple(TbChannels(t, tuple(v)) for t, v in sorted(self.channels.items())),
                            tuple(TbBuffers(t, tuple(v)) for t, v in sorted(self.buffers.items())))

@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     p = sub.add_parser("coverage", help="which calls of a training job a directory of programs really serves")
-    p.add_argument("directory", help="a directory of MSCCL programs (as for MSCCL_ALGO_DIR)")
+    p.add_argument("directory", help="a directory of MSCCL programs (as for MSCCL_ALGO_DIR) or of MSCCL++ plans")
     calls = p.add_mutually_exclusive_group(required=True)
     calls.add_argument("--profile", help="a built-in model or a layer-profile file: its PyTorch DDP gradient buckets")
     calls.add_argument("--counts", help="a file of element counts, one all-reduce per line")
@@ -429,9 +429,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
-    from .coverage import MIB, coverage, ddp_buckets, directory_programs, left_windows, profile_tensors, read_counts
+    from .coverage import (MIB, coverage, ddp_buckets, directory_programs, left_windows, plan_coverage, profile_tensors,
+                           read_counts)
+    from .mscclpp.register import MANIFEST, load_manifest
     from .training.profiles import load_profile
-    files, world = directory_programs(args.directory, "allreduce", args.world_size)
+    plans = (Path(args.directory) / MANIFEST).is_file() and '"mscclpp"' in (Path(args.directory) / MANIFEST).read_text()
+    if plans:
+        entries = [e for e in load_manifest(args.directory) if e.collective == "allreduce"]
+        sizes = sorted({e.world_size for e in entries})
+        world = args.world_size or (sizes[0] if len(sizes) == 1 else 0)
+        if not entries or world not in sizes:
+            raise InputError(args.directory, "--world-size", f"its all-reduce plans are for {sizes or 'no'} ranks")
+        files = [(e.file, e) for e in entries if e.world_size == world]
+    else:
+        files, world = directory_programs(args.directory, "allreduce", args.world_size)
     dtype_bytes = DTYPES[args.dtype]
     if args.counts is not None:
         counts = read_counts(args.counts)
@@ -443,11 +454,16 @@ def cmd_coverage(args: argparse.Namespace) -> int:
                               int(args.first_bucket_mb * MIB))
         labels, counts = [b[0] for b in buckets], [b[1] for b in buckets]
         source = f"{profile.name}: PyTorch DDP buckets ({args.first_bucket_mb:g} MiB first, then {args.bucket_cap_mb:g} MiB)"
-    report = coverage(files, counts, dtype_bytes, world, labels, left=left_windows(args.directory, "allreduce", world))
+    left = left_windows(args.directory, "allreduce", world)
+    if plans:
+        report = plan_coverage([e for _name, e in files], counts, dtype_bytes, world, labels, left=left)
+    else:
+        report = coverage(files, counts, dtype_bytes, world, labels, left=left)
     if args.json:
         print_json({"directory": str(args.directory), "calls_from": source, **report.to_dict()})
         return 0
-    print(f"{args.directory}: {len(files)} all-reduce program(s) for {world} ranks; calls: {source}, {args.dtype}")
+    kind = "MSCCL++ plan(s)" if plans else "program(s)"
+    print(f"{args.directory}: {len(files)} all-reduce {kind} for {world} ranks; calls: {source}, {args.dtype}")
     rows = [(c.label if len(c.label) <= 40 else c.label[:37] + "...", c.count, format_size(c.nbytes),
              c.file or "-", "" if c.file else c.why_not,
              "-" if c.padded_count is None else f"+{c.padded_count - c.count}") for c in report.calls_detail]

@@ -27,10 +27,13 @@ from .errors import InputError
 from .msccl.program import Program
 from .msccl.reader import read_header
 from .msccl.selection import call_bytes, refusal, serving, smallest_served
+from .mscclpp.register import PlanEntry, decide
 from .training.buckets import backward_bounds
 from .training.profiles import LayerProfile
 
 MIB = 1 << 20
+#: The element type the coverage command's --dtype names, by size (the plans' selector decides by dtype).
+DTYPE_NAMES = {4: "float32", 2: "bfloat16"}
 #: An element count: up to 18 ASCII digits (int64, as the API's count).
 _COUNT = re.compile(r"[0-9]{1,18}")
 #: PyTorch DDP's bucket caps: its first bucket closes at 1 MiB, the others at 25 MiB.
@@ -174,6 +177,34 @@ def coverage(files: Sequence[tuple[str, Program]], counts: Sequence[int], dtype_
             why = "left to NCCL by design: NCCL's own pick is as fast there"
         out.append(Call(labels[i] if labels else f"call {i}", count, nbytes, names[hits[0]] if hits else None, why,
                         tuple(names[h] for h in hits[1:]), padded, by_design))
+    return Coverage(tuple(out), world_size, dtype_bytes)
+
+
+def plan_coverage(entries: Sequence[PlanEntry], counts: Sequence[int], dtype_bytes: int, world_size: int,
+                  labels: Sequence[str] | None = None, collective: str = "allreduce",
+                  left: Sequence[tuple[int, int]] = ()) -> Coverage:
+    """Coverage of a directory of MSCCL++ plans: each in-place call decided as the selector that
+    `hipipe_compiler.mscclpp.register` installs decides it."""
+    mine = [e for e in entries if e.collective == collective and e.world_size == world_size]
+    node = mine[0].ranks_per_node if mine else 0
+    out = []
+    for i, count in enumerate(counts):
+        nbytes = call_bytes(collective, world_size, count, dtype_bytes)
+        reported = nbytes // world_size if collective == "allgather" else nbytes  # what the shim hands the selector
+        entry, why = decide(mine, collective, reported, world_size, node, 0, 0, 0, DTYPE_NAMES.get(dtype_bytes, "float32"))
+        padded = []
+        for e in mine:
+            if e.inplace:
+                multiple = math.lcm(e.size_multiple, dtype_bytes * (world_size if collective == "allgather" else 1))
+                size = max(nbytes, e.min_message_size)
+                size += -size % multiple
+                if size <= e.max_message_size:
+                    padded.append(size // dtype_bytes // (world_size if collective in ("allgather", "reducescatter") else 1))
+        by_design = entry is None and any(lo <= nbytes <= hi for lo, hi in left)
+        if by_design:
+            why = "left to NCCL by design: NCCL's own pick is as fast there"
+        out.append(Call(labels[i] if labels else f"call {i}", count, nbytes, entry.file if entry else None,
+                        None if entry else why, (), min(padded, default=None), by_design))
     return Coverage(tuple(out), world_size, dtype_bytes)
 
 

@@ -143,3 +143,18 @@ def test_the_profiles_buckets_match_the_issue_measurements():
     expected = {"vgg16": 6, "resnet50": 5, "densenet201": 4, "bert_base": 14, "gpt2": 13}
     for name, buckets in expected.items():
         assert len(ddp_buckets(profile_tensors(load_profile(name)), 4)) == buckets, name
+
+
+def test_coverage_of_a_directory_of_mscclpp_plans(tmp_path):
+    out = tmp_path / "plans"
+    assert run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--sizes", "1MiB:4MiB", "--min-speedup", "0",
+                      "-o", out).returncode == 0
+    counts = tmp_path / "counts.txt"
+    counts.write_text("262144\n262145\n4194304\n")  # 1 MiB; one element more; 16 MiB, past every window
+    done = run_hipipe("coverage", out, "--counts", counts, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    first, odd, large = report["detail"]
+    assert first["file"] and first["file"].endswith("-inplace.json")  # DDP all-reduces in place
+    assert odd["file"] is None and "multiple" in odd["why_not"] and odd["padded_count"] > odd["count"]
+    assert large["file"] is None and "outside" in large["why_not"] and large["padded_count"] is None

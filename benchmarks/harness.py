@@ -22,6 +22,14 @@ CASES = {
 }
 
 
+#: The default directories of the MSCCL++ backend's targets: the sample topologies up to 128
+#: ranks, every planned collective, 64 KiB to 1 GiB.
+PLAN_TOPOLOGIES = tuple(str(REPO / "samples" / "topologies" / name) for name in (
+    "dgx-h100-8x4.yaml", "a100-8x4-100gbe.yaml", "torus-4x4.yaml", "ring-fc-switch-2x8x4.yaml", "torus-4x4x4.yaml",
+    "dgx-h100-8x16.json"))
+PLAN_COLLECTIVES = ("allreduce", "reducescatter", "allgather")
+
+
 def hipipe() -> list[str]:
     """The installed `hipipe` command, or the module from this checkout."""
     exe = shutil.which("hipipe")

@@ -20,18 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hipipe_compiler.compiler import CompileOptions  # noqa: E402
 from hipipe_compiler.plan_compiler import compile_plans, size_multiple, timed_size  # noqa: E402
 from hipipe_compiler.mscclpp.writer import save_plan  # noqa: E402
 from hipipe_compiler.presets import load_topology  # noqa: E402
+from harness import PLAN_COLLECTIVES as COLLECTIVES, PLAN_TOPOLOGIES as TOPOLOGIES  # noqa: E402
 
-TOPOLOGIES = ("samples/topologies/dgx-h100-8x4.yaml", "samples/topologies/a100-8x4-100gbe.yaml",
-              "samples/topologies/torus-4x4.yaml", "samples/topologies/ring-fc-switch-2x8x4.yaml",
-              "samples/topologies/torus-4x4x4.yaml", "samples/topologies/dgx-h100-8x16.json")
-COLLECTIVES = ("allreduce", "reducescatter", "allgather")
 
 
 def main(argv: list[str]) -> int:
@@ -43,7 +39,7 @@ def main(argv: list[str]) -> int:
     if not check.exists():
         print(f"{check} is missing: build the loader first")
         return 2
-    topologies = argv[1:] or [str(REPO / t) for t in TOPOLOGIES]
+    topologies = argv[1:] or list(TOPOLOGIES)
     accepted = refused = 0
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:

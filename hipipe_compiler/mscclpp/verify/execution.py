@@ -57,8 +57,8 @@ class _Tb:
         self.index, self.rank, self.id, self.ops = index, rank, tb_id, ops
         self.pc = 0
         self.clock = 0
-        self.vc = np.zeros(ntbs, dtype=np.int64)
-        self.pending = np.zeros(ntbs, dtype=np.int64)
+        self.vc = np.zeros(ntbs, dtype=np.int32)
+        self.pending: list[np.ndarray] = []  # what waits and acquires saw, joined at the next nop
         self.nop_clock = 0
         self.blocked: str | None = None
 
@@ -80,8 +80,7 @@ class Execution:
                 self.tbs.append(_Tb(len(self.tbs), g.id, tb.id, ops, 0))
         n = len(self.tbs)
         for t in self.tbs:
-            t.vc = np.zeros(n, dtype=np.int64)
-            t.pending = np.zeros(n, dtype=np.int64)
+            t.vc = np.zeros(n, dtype=np.int32)
         self.tb_plan = {(t.rank, t.id): plan.gpus[t.rank].threadblocks[t.id] for t in self.tbs}
         self.weight = weights(plan.ngpus)
         self.memory: dict[tuple[int, str], list[_Cell]] = {}
@@ -183,14 +182,16 @@ class Execution:
         t.clock += 1
         t.vc[t.index] = t.clock
         if name == "nop":
-            np.maximum(t.vc, t.pending, out=t.vc)
+            for snapshot in t.pending:
+                np.maximum(t.vc, snapshot, out=t.vc)
+            t.pending.clear()
             t.vc[t.index] = t.clock
             t.nop_clock = t.clock
         elif name in ("wait", "rlxwait"):
             for c in op.channel_ids:
                 snapshot, reads = self.queues[self._endpoint(t, op, c)].popleft()
                 if snapshot is not None and name == "wait":
-                    np.maximum(t.pending, snapshot, out=t.pending)
+                    t.pending.append(snapshot)
                 for place in reads:  # the proxy read a port source until now
                     self._access(t, place, write=False, pos=pos, proxy=True)
         elif name in ("signal", "rlxsignal"):
@@ -204,7 +205,7 @@ class Execution:
             for s in op.semaphore_ids:
                 snapshot = self.semaphores[(t.rank, s)].popleft()
                 if snapshot is not None:
-                    np.maximum(t.pending, snapshot, out=t.pending)
+                    t.pending.append(snapshot)
         elif name == "barrier":
             self._report(t, pos, "unsupported", "barrier: device barriers are not modelled by this verifier")
         elif name != "flush":
@@ -368,7 +369,9 @@ class Execution:
         memory it also touches (one of them writing) must be ordered before that end."""
         ends = {}
         for t in self.tbs:
-            end = np.maximum(t.vc, t.pending)
+            end = t.vc.copy()
+            for snapshot in t.pending:
+                np.maximum(end, snapshot, out=end)
             end[t.index] = t.clock
             ends[t.rank] = end if t.rank not in ends else np.maximum(ends[t.rank], end)
         double = self.plan.use_double_scratch_buffer

@@ -5,8 +5,9 @@ What each operation costs (docs/mscclpp.md of the project has the table):
   rate of its links, and the threadblock moves on when they have arrived; the signal that
   publishes it pays the latency. A packet put (`ppkt`, `rppkt`, `respkt`) publishes itself:
   LL's alpha, then twice the bytes;
-- a port channel's put is handed to the proxy: alpha, then its bytes; the threadblock moves
-  on at once (`pwsf` waits for the arrival), and a signal behind it arrives with it;
+- a port channel's put is handed to the proxy: alpha, then its bytes, after the connection's
+  earlier puts (the proxy works them in order); the threadblock moves on at once (`pwsf`
+  waits for the arrival), and a signal behind it arrives with it;
 - a signal arrives after the link's alpha; a wait ends when a signal has arrived; a
   semaphore costs nothing beyond its order; a packet read waits until its packets arrived;
 - local work (copy, reduce, packing) runs at the topology's reduce bandwidth (free when it
@@ -75,6 +76,7 @@ class _Timer:
         self.blocked: dict[tuple, list[_Run]] = defaultdict(list)
         self.port_tail: dict[tuple, Message] = {}  # the last port put on each connection
         self.behind: dict[int, list[tuple]] = defaultdict(list)  # signals that arrive with a message
+        self.queued: dict[int, list[Message]] = defaultdict(list)  # port puts waiting for the one before
         self.last = 0.0
 
     def run(self) -> float:
@@ -187,10 +189,15 @@ class _Timer:
         alpha = self.topology.dimensions[dim].alpha(protocol) if protocol == "LL" or op.channel_type == "port" else 0.0
         msg = Message((r, wait, ref.rank, (2 * o.index, 2 * o.end) if packet else None), resources, dim,
                       o.size * self.chunk / WIRE_EFFICIENCY[protocol], alpha)
-        if op.channel_type == "port":
-            self.port_tail[self.endpoint(r, op, op.channel_ids[0] if op.channel_ids else 0)] = msg
         if wait:
             r.pending += 1
+        if op.channel_type == "port":
+            mine = self.endpoint(r, op, op.channel_ids[0] if op.channel_ids else 0)
+            tail = self.port_tail.get(mine)
+            self.port_tail[mine] = msg
+            if tail is not None and not tail.arrived:  # the proxy works a connection's puts in order
+                self.queued[id(tail)].append(msg)
+                return
         self.net.send(msg)
 
     def arrive(self, msg: Message) -> None:
@@ -200,6 +207,8 @@ class _Timer:
             self.wake(("pkt", rank))
         for peer in self.behind.pop(id(msg), []):
             self.deliver(peer)
+        for queued in self.queued.pop(id(msg), []):
+            self.net.send(queued)
         if wait:
             r.pending -= 1
             if r.pending == 0 and r.phase == "await":

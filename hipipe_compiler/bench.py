@@ -68,6 +68,22 @@ REFERENCE = "hierarchical"
 NCCL_PICK = "nccl"
 #: HiPIPE and the restricted searches of its ablation (hipipe.ABLATIONS).
 OPTIMIZED = ("hipipe", "hipipe-uniform", "hipipe-lp-1order", "hipipe-lp-mixed", "hipipe-fixed-k8")
+#: HiPIPE's schedules as MSCCL++ plans (plan_compiler.py), timed as plans.
+MSCCLPP = "hipipe-mscclpp"
+
+
+def mscclpp_plans() -> Callable[[Topology, str, int], tuple[Program, dict[str, Any]]]:
+    """The plan `hipipe compile --backend mscclpp` keeps for one size, with its own time."""
+    from .compiler import CompileOptions
+    from .plan_compiler import compile_plans, timed_size
+    from .sim.plans import time_plan
+
+    def run(topo: Topology, coll: str, size: int) -> tuple[Program, dict[str, Any]]:
+        [cp] = compile_plans(topo, CompileOptions(collective=coll, check=False), size, size)
+        plan = cp.plans[0]
+        return cp.program, {"plan": cp.details.get("choice", cp.window.plan.label),
+                            "result": time_plan(plan, topo, timed_size(plan, size))}
+    return run
 
 
 def optimized(name: str) -> Callable[[Topology, str, int], tuple[Program, dict[str, Any]]]:
@@ -154,9 +170,9 @@ def load_grid(path: str | Path) -> Grid:
 def check_algorithms(names: Sequence[str], known: dict[str, Any], source: str | None = None,
                      field: str = "--algos") -> None:
     for name in names:
-        if name not in known and name not in OPTIMIZED and name not in NCCL_RUNS:
+        if name not in known and name not in OPTIMIZED and name not in NCCL_RUNS and name != MSCCLPP:
             raise InputError(source, field, f"unknown algorithm {name!r}; expected some of "
-                             f"{', '.join([*known, *NCCL_RUNS, *OPTIMIZED])}")
+                             f"{', '.join([*known, *NCCL_RUNS, *OPTIMIZED, MSCCLPP])}")
 
 
 def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | None = None,
@@ -171,6 +187,8 @@ def run_grid(grid: Grid, progress: bool = True, builders: dict[str, PlanFor] | N
     for name in grid.algorithms:
         if name in OPTIMIZED and name not in extra:
             extra[name] = optimized(name)
+        if name == MSCCLPP and name not in extra:
+            extra[name] = mscclpp_plans()
     check_algorithms(grid.algorithms, {**builders, **extra})
     tasks = [(name, topo, size, algo) for name, topo in grid.topologies.items() for size in grid.sizes
              for algo in grid.algorithms]
@@ -209,7 +227,7 @@ def _run_one(name: str, topo: Topology, size: int, algo: str, grid: Grid, builde
             if key not in cache:
                 cache[key] = lower(plan)
             program = cache[key]
-        result = simulate_exact(program, topo, size)
+        result = (details or {}).pop("result", None) or simulate_exact(program, topo, size)
     except (PlanError, SimulationError) as exc:
         return BenchRow(name, topo.nranks, size, algo, None, None, None, error=str(exc))
     return BenchRow(name, topo.nranks, size, algo, result.time_us, result.lower_bound_us, result.busbw_GBps,

@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="also write the rows as JSON to this file")
     p.add_argument("--ablation", action="store_true",
                    help="add HiPIPE's ablation: uniform chunks, LP sizes with one order, LP sizes with mixed orders, fixed K=8")
+    p.add_argument("--backend", choices=("msccl", "mscclpp"), default="msccl",
+                   help="mscclpp: add hipipe-mscclpp, HiPIPE's schedules as MSCCL++ plans timed as plans, beside the XML programs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("plan", help="plan a training iteration's gradient synchronisation (PipeDAP-style) and compile its programs")
@@ -351,6 +353,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.algos:
         check_algorithms(args.algos, BASELINES)
         grid = dc_replace(grid, algorithms=tuple(args.algos))
+    if args.backend == "mscclpp":
+        from .bench import MSCCLPP
+        grid = dc_replace(grid, algorithms=tuple(dict.fromkeys((*grid.algorithms, MSCCLPP))))
     if args.ablation:
         from .bench import OPTIMIZED
         grid = dc_replace(grid, algorithms=tuple(dict.fromkeys((*grid.algorithms, *OPTIMIZED))))

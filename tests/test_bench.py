@@ -85,3 +85,12 @@ def test_bad_grid_files_name_the_field(tmp_path):
 def test_unknown_algorithm_is_refused():
     with pytest.raises(InputError, match="unknown algorithm"):
         run_grid(Grid({"C3": preset("torus-4x4")}, (1 << 20,), algorithms=("magic",)), progress=False)
+
+
+def test_mscclpp_plans_run_in_the_grid_timed_as_plans():
+    from hipipe_compiler.bench import MSCCLPP, Grid, run_grid
+    from hipipe_compiler.presets import preset
+    grid = Grid({"one": preset("dgx-h100-8x1")}, (1 << 20,), "allreduce", ("hipipe", MSCCLPP))
+    xml, plan = run_grid(grid, progress=False)
+    assert plan.algorithm == MSCCLPP and plan.error is None and plan.protocol in ("Simple", "LL")
+    assert plan.time_us >= plan.lower_bound_us > 0 and plan.time_us != xml.time_us

@@ -89,8 +89,12 @@ def test_unknown_algorithm_is_refused():
 
 def test_mscclpp_plans_run_in_the_grid_timed_as_plans():
     from hipipe_compiler.bench import MSCCLPP, Grid, run_grid
+    from hipipe_compiler.compiler import CompileOptions
+    from hipipe_compiler.plan_compiler import compile_plans
     from hipipe_compiler.presets import preset
-    grid = Grid({"one": preset("dgx-h100-8x1")}, (1 << 20,), "allreduce", ("hipipe", MSCCLPP))
-    xml, plan = run_grid(grid, progress=False)
-    assert plan.algorithm == MSCCLPP and plan.error is None and plan.protocol in ("Simple", "LL")
-    assert plan.time_us >= plan.lower_bound_us > 0 and plan.time_us != xml.time_us
+    from hipipe_compiler.sim.plans import time_plan
+    topo = preset("dgx-h100-8x2")
+    [row] = run_grid(Grid({"two": topo}, (1 << 20,), "allreduce", (MSCCLPP,)), progress=False)
+    assert row.algorithm == MSCCLPP and row.error is None and row.protocol in ("Simple", "LL")
+    [cp] = compile_plans(topo, CompileOptions(check=False), 1 << 20, 1 << 20)
+    assert row.time_us == time_plan(cp.plans[0], topo, 1 << 20).time_us >= row.lower_bound_us > 0

@@ -170,7 +170,18 @@ def manifest_entry(plan: ExecutionPlan, node_size: int) -> dict[str, Any]:
     """What the shim's selection matches on (mscclpp.md 1), and the divisibility it does not check."""
     return {"file": plan_file_name(plan), "name": plan.name, "collective": plan.collective, "world_size": plan.ngpus,
             "ranks_per_node": node_size, "inplace": plan.inplace, "min_message_size": plan.min_message_size,
-            "max_message_size": plan.max_message_size, "protocol": plan.protocol, "size_multiple": size_multiple(plan)}
+            "max_message_size": plan.max_message_size, "protocol": plan.protocol, "size_multiple": size_multiple(plan),
+            "scratch_bytes_at_max": scratch_bytes(plan, timed_size(plan, plan.max_message_size))}
+
+
+def scratch_bytes(plan: ExecutionPlan, nbytes: int) -> int:
+    """The scratch the executor allocates per rank for a call of nbytes (mscclpp.md 2.6): every
+    receive has its own slot, so it grows with the message."""
+    inp = nbytes // plan.ngpus if plan.collective == "allgather" else nbytes
+    chunk = -(-inp // plan.gpus[0].input_chunks)
+    per = max(g.scratch_chunks for g in plan.gpus) * chunk * (2 if plan.packets else 1)
+    per *= 2 if plan.use_double_scratch_buffer else 1
+    return per + -per % plan.buffer_alignment
 
 
 def write_plans_directory(compiled: Sequence[CompiledPlans], path: str | Path, manifest: dict[str, Any],

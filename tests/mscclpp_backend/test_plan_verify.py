@@ -19,6 +19,7 @@ from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op
 from hipipe_compiler.mscclpp.reader import read_plan_text
 from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
 from hipipe_compiler.presets import preset
+from hipipe_compiler.sim.plans import time_plan
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 
 from conftest import SHARED
@@ -115,3 +116,40 @@ def test_the_worked_example_without_its_closing_handshake_is_rejected():
     report = verify_plan(read_plan_text(json.dumps(doc)))
     # the peer's store into o may land after this rank's kernel ended, and the counters no longer balance
     assert report.rules() & {"unfinished-write", "slot-reuse"}, sorted(report.rules())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_any_corrupted_number_gives_a_verdict_not_a_crash(data):
+    """Hostile plans: every integer of an operation may be anything the reader accepts. The
+    verifier answers (it never raises), and whatever it proves runs in the simulator."""
+    subject = data.draw(st.sampled_from(SUBJECTS))
+    plan = emitted(*subject)
+    g = plan.gpus[data.draw(st.integers(0, plan.ngpus - 1))]
+    tb = g.threadblocks[data.draw(st.integers(0, len(g.threadblocks) - 1))]
+    at = data.draw(st.integers(0, len(tb.ops) - 1))
+    op = tb.ops[at]
+    small = st.integers(0, 70)
+    field = data.draw(st.sampled_from(["index", "size", "buffer_id", "channel_ids", "semaphore_ids", "type"]))
+    if field in ("index", "size", "buffer_id") and (op.src or op.dst):
+        side = data.draw(st.sampled_from([s for s in ("src", "dst") if getattr(op, s)]))
+        operands = list(getattr(op, side))
+        k = data.draw(st.integers(0, len(operands) - 1))
+        if field == "buffer_id" and operands[k].buffer is not None:
+            operands[k] = replace(operands[k], buffer=None, buffer_id=data.draw(small))
+        elif field != "buffer_id":
+            operands[k] = replace(operands[k], **{field: data.draw(small)})
+        op = replace(op, **{side: tuple(operands)})
+    elif field == "channel_ids":
+        op = replace(op, channel_ids=tuple(data.draw(st.lists(small, max_size=10))))
+    elif field == "semaphore_ids":
+        op = replace(op, semaphore_ids=tuple(data.draw(st.lists(small, max_size=18))))
+    else:
+        op = replace(op, channel_type=data.draw(st.sampled_from(["memory", "port", "none"])))
+    ops = list(tb.ops)
+    ops[at] = op
+    tbs = tuple(replace(t, ops=tuple(ops)) if t.id == tb.id else t for t in g.threadblocks)
+    broken = replace(plan, gpus=tuple(replace(x, threadblocks=tbs) if x.id == g.id else x for x in plan.gpus))
+    report = verify_plan(broken)
+    if report.ok:
+        assert time_plan(broken, preset(subject[0]), 1 << 20).time_us > 0

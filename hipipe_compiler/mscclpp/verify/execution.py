@@ -89,6 +89,7 @@ class Execution:
         self.port_writes: dict[tuple[int, int], list] = defaultdict(list)
         self.pair = channel_pairs(plan)
         self.blocked_on: dict[tuple, list[_Tb]] = defaultdict(list)
+        self.woken: list[tuple] = []  # keys whose waiters the last operation may have unblocked
         self.reported: set[tuple] = set()
         for g in plan.gpus:
             for s, init in enumerate(g.semaphores):
@@ -151,8 +152,6 @@ class Execution:
             self.out.add("deadlock", f"{len(stuck)} threadblock(s) never finish; the first waits in {first.blocked} "
                          f"(op {first.ops[first.pc][0]})", first.rank, first.id, first.ops[first.pc][0])
         return not stuck
-
-    woken: list = []
 
     def _blocked(self, t: _Tb, op: Op) -> tuple | None:
         """What an operation waits for before it can run, or None."""
@@ -217,13 +216,13 @@ class Execution:
         snap[t.index] = t.nop_clock if own is None else own
         return snap
 
-    def _signal(self, t: _Tb, op: Op, local: int, relaxed: bool = False, reads: tuple = ()) -> None:
+    def _signal(self, t: _Tb, op: Op, local: int, relaxed: bool = False) -> None:
         mine = self._endpoint(t, op, local)
         peer = self.pair.get(mine)
         if peer is None:
             self._report(t, None, "channel-pairing", f"{op.channel_type} channel {mine[2]} has no paired channel at the peer")
             return
-        proxy_reads = list(reads)
+        proxy_reads: list = []
         if op.channel_type == "port":
             for place, values, sources in self.port_writes.pop((t.index, mine[2]), []):
                 self._write(t, place, values)
@@ -245,9 +244,8 @@ class Execution:
             outs = [(d, values[min(k, len(values) - 1)]) for k, d in enumerate(dsts)]
         for place, vals in outs:
             if op.channel_type == "port" and place[0] != t.rank:
-                sources = [p for p in srcs]
                 if name == "put":
-                    self.port_writes[(t.index, self._endpoint(t, op, op.channel_ids[0])[2])].append((place, vals, sources))
+                    self.port_writes[(t.index, self._endpoint(t, op, op.channel_ids[0])[2])].append((place, vals, srcs))
                 continue
             self._write(t, place, vals, pos)
         if name in ("pws", "pwsf") and op.channel_type == "port":
@@ -424,7 +422,6 @@ class Execution:
 def execute(plan: ExecutionPlan, layout: str, out: Collector) -> bool:
     """Run one launch under a buffer layout; True when it ran to the end."""
     ex = Execution(plan, layout, out)
-    ex.woken = []
     finished = ex.run()
     if finished:
         ex.finish()

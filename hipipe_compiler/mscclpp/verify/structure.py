@@ -171,6 +171,10 @@ def _operands(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, op: Op, where: t
         out.add("operand", f"{op.name} writes its first destination locally", *where)
     if (remote_src or op.remote_writes) and op.channel_type not in ("memory", "port"):
         out.add("operand", f"{op.name} addresses a peer buffer: channel_type must be memory or port", *where)
+    remote_dsts = sum(o.buffer_id is not None for o in op.dst)
+    if op.channel_type == "port" and op.name in ("put", "pws", "pwsf", "ppkt", "rppkt") and len(op.channel_ids) != remote_dsts:
+        out.add("channel-declaration", f"a port {op.name} drives one channel per destination: {remote_dsts} destination(s), "
+                f"{len(op.channel_ids)} channel id(s)", *where)
     if op.channel_type == "port" and op.name in ("put", "pws", "pwsf") and any(o.buffer != "s" for o in op.src):
         out.add("port-source", "a port put must read scratch: its source offset omits the in-allocation offset", *where)
     if op.name == "get" and (op.src[0].index != op.dst[0].index or op.dst[0].buffer != "s"):

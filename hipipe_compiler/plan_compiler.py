@@ -134,6 +134,8 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                    "size_multiple": size_multiple(plan)}
         if schedule in fallbacks:
             details["choice"] = f"{schedule.label} (search's pick does not fit)"
+            with watch.phase("predict"):  # what the stand-in costs against the search's own program
+                details["search_xml_us"] = simulate_program(cw.program, topology, size)
         window = replace(cw, program=program, plan=schedule, report=report,
                          details={**{k: v for k, v in cw.details.items() if k not in details}, **details})
         out.append(CompiledPlans(window, program, plans, report, details))

@@ -4,10 +4,11 @@ MSCCL++ cannot run without CUDA, but its plan loader and executor set-up can: bu
 microsoft/mscclpp at the pinned commit with the GPU calls stubbed (a `load-plan` program and
 its `check-plan.sh` driver, run for every rank). This script compiles the default
 directories (the sample topologies up to 128 ranks, all three collectives, 64 KiB to 1 GiB),
-hands every plan to that loader at the smallest and largest size of its window that the
-plan's chunks divide, and prints how many the loader accepts. The target: all of them.
+hands every plan to that loader at the largest size of its window that the plan's chunks
+divide (`--both-ends`: the smallest too), and prints how many the loader accepts. The target:
+all of them.
 
-    python benchmarks/mscclpp_loader.py LOADER_DIR [TOPOLOGY ...]
+    python benchmarks/mscclpp_loader.py LOADER_DIR [--both-ends] [TOPOLOGY ...]
 
 LOADER_DIR holds `load-plan` and `check-plan.sh`.
 """
@@ -34,6 +35,8 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
+    both = "--both-ends" in argv
+    argv = [a for a in argv if a != "--both-ends"]
     loader = Path(argv[0])
     check = loader / "check-plan.sh"
     if not check.exists():
@@ -54,7 +57,7 @@ def main(argv: list[str]) -> int:
                         lo = max(plan.min_message_size, size_multiple(plan))
                         lo += -lo % size_multiple(plan)
                         hi = timed_size(plan, plan.max_message_size)
-                        sizes = sorted({lo, hi})
+                        sizes = sorted({lo, hi}) if both else [hi]
                         # check-plan takes the per-rank size n of an all-gather and the output of a reduce-scatter
                         per = [s // topo.nranks if coll in ("allgather", "reducescatter") else s for s in sizes]
                         done = subprocess.run(["bash", str(check), "-q", str(path), *map(str, per)], capture_output=True,

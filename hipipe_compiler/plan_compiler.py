@@ -23,13 +23,14 @@ from .errors import InputError, PlanError
 from .files import write_atomic, writing
 from .msccl.program import Program
 from .msccl.verify import Report
-from .plan_fitting import fit
 from .mscclpp.plan import ExecutionPlan
-from .sim.plans import time_plan
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan
+from .plan_fitting import fit
 from .schedule import hierarchical_plan
+from .sim import simulate_exact
+from .sim.plans import time_plan
 from .topology import Topology
 from .units import format_size
 
@@ -144,7 +145,6 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
 
 def simulate_program(program: Program, topology: Topology, nbytes: int) -> float:
     """The time of the same program as MSCCL XML, for the comparison the docs report."""
-    from .sim import simulate_exact
     return simulate_exact(program, topology, nbytes).time_us
 
 

@@ -436,16 +436,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_coverage(args: argparse.Namespace) -> int:
     from .coverage import (MIB, coverage, ddp_buckets, directory_programs, left_windows, plan_coverage, profile_tensors,
                            read_counts)
-    from .mscclpp.register import MANIFEST, load_manifest
+    from .coverage import directory_plans
     from .training.profiles import load_profile
-    plans = (Path(args.directory) / MANIFEST).is_file() and '"mscclpp"' in (Path(args.directory) / MANIFEST).read_text()
-    if plans:
-        entries = [e for e in load_manifest(args.directory) if e.collective == "allreduce"]
-        sizes = sorted({e.world_size for e in entries})
-        world = args.world_size or (sizes[0] if len(sizes) == 1 else 0)
-        if not entries or world not in sizes:
-            raise InputError(args.directory, "--world-size", f"its all-reduce plans are for {sizes or 'no'} ranks")
-        files = [(e.file, e) for e in entries if e.world_size == world]
+    found = directory_plans(args.directory, "allreduce", args.world_size)
+    plans = found is not None
+    if found is not None:
+        entries, world = found
+        files = [(e.file, e) for e in entries]
     else:
         files, world = directory_programs(args.directory, "allreduce", args.world_size)
     dtype_bytes = DTYPES[args.dtype]

@@ -27,7 +27,7 @@ from .errors import InputError
 from .msccl.program import Program
 from .msccl.reader import read_header
 from .msccl.selection import call_bytes, refusal, serving, smallest_served
-from .mscclpp.register import PlanEntry, decide
+from .mscclpp.register import MANIFEST, PlanEntry, decide, load_manifest
 from .training.buckets import backward_bounds
 from .training.profiles import LayerProfile
 
@@ -178,6 +178,25 @@ def coverage(files: Sequence[tuple[str, Program]], counts: Sequence[int], dtype_
         out.append(Call(labels[i] if labels else f"call {i}", count, nbytes, names[hits[0]] if hits else None, why,
                         tuple(names[h] for h in hits[1:]), padded, by_design))
     return Coverage(tuple(out), world_size, dtype_bytes)
+
+
+def directory_plans(path: str | Path, collective: str = "allreduce",
+                    world_size: int | None = None) -> tuple[list[PlanEntry], int] | None:
+    """A directory's MSCCL++ plans of one collective and their world size, from its manifest;
+    None where the directory holds MSCCL programs instead."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return None
+    doc = load_document(manifest)
+    if not isinstance(doc, dict) or doc.get("backend") != "mscclpp":
+        return None
+    entries = [e for e in load_manifest(path) if e.collective == collective]
+    sizes = sorted({e.world_size for e in entries})
+    world = world_size or (sizes[0] if len(sizes) == 1 else 0)
+    if world not in sizes:
+        raise InputError(str(path), "--world-size", f"its {collective} plans are for {', '.join(map(str, sizes)) or 'no'} "
+                         "ranks; pick one with --world-size" if len(sizes) > 1 else f"no {collective} plan for {world} ranks")
+    return [e for e in entries if e.world_size == world], world
 
 
 def plan_coverage(entries: Sequence[PlanEntry], counts: Sequence[int], dtype_bytes: int, world_size: int,

@@ -209,12 +209,13 @@ class Stopwatch:
 
 def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
                   planner: Planner | None = None, merge: bool = True,
-                  stopwatch: Stopwatch | None = None) -> list[CompiledWindow]:
+                  stopwatch: Stopwatch | None = None, timed: bool = True) -> list[CompiledWindow]:
     """Compile every size window of [min, max]; adjacent windows with the same program merge.
 
     Every final program is proven by the verifier at its own window's largest size, and
-    timed by the simulator at the window's largest size for the summary. `stopwatch` (if
-    given) gets the seconds spent planning, lowering, verifying and predicting.
+    timed by the simulator at the window's largest size for the summary (`timed` False: not,
+    for a backend that times its own translation). `stopwatch` (if given) gets the seconds
+    spent planning, lowering, verifying and predicting.
     """
     watch = stopwatch or Stopwatch()
     check_options(topology, options)
@@ -266,8 +267,11 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
                 report = verify(cw.program, verify_options(options.limits))
             if not report.ok:
                 raise VerificationFailed(cw.window, report)
-        with watch.phase("predict"):
-            out[i] = replace(cw, report=report, details={**cw.details, **predict(cw, topology)})
+        details = cw.details
+        if timed:
+            with watch.phase("predict"):
+                details = {**details, **predict(cw, topology)}
+        out[i] = replace(cw, report=report, details=details)
     return out
 
 
@@ -326,7 +330,16 @@ def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifes
         prefixes = {f"{cw.program.collective}-{cw.program.ngpus}r-" for cw in windows}
         replaces = lambda name: any(name.startswith(p) for p in prefixes)  # noqa: E731
     manifest = {**manifest, "files": [name for name, _ in texts]}
-    for target in (*(path / name for name in names), path / MANIFEST_DIR / "manifest.json"):
+    return write_file_set(path, texts, manifest, ".xml", replaces)
+
+
+def write_file_set(path: str | Path, texts: Sequence[tuple[str, str]], manifest: dict[str, Any], suffix: str,
+                   replaces: Callable[[str], bool]) -> list[Path]:
+    """Write (name, text) files and .hipipe/manifest.json into a directory, atomically each,
+    checking every target before the first write; files of `suffix` that `replaces(name)`
+    claims and the new set lacks are removed."""
+    path = Path(path)
+    for target in (*(path / name for name, _ in texts), path / MANIFEST_DIR / "manifest.json"):
         if target.exists() and not target.is_file():  # found before any file is written, not half-way
             raise InputError(str(target), None, "expected to write a file here, but a directory or device is there")
     written = []
@@ -336,9 +349,9 @@ def write_directory(windows: Sequence[CompiledWindow], path: str | Path, manifes
         for name, text in texts:
             write_atomic(path / name, text)
             written.append(path / name)
-        keep = set(names)
+        keep = {name for name, _ in texts}
         for old in path.iterdir():
-            if old.suffix == ".xml" and old.is_file() and old.name not in keep and replaces(old.name):
+            if old.suffix == suffix and old.is_file() and old.name not in keep and replaces(old.name):
                 old.unlink()
         write_atomic(path / MANIFEST_DIR / "manifest.json", json.dumps(manifest, indent=2) + "\n")
     return written

@@ -12,15 +12,14 @@ with a manifest of what the shim must match on.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .compiler import CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, compile_range, window_summary
+from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, compile_range,
+                       window_summary, write_file_set)
 from .errors import InputError, PlanError
-from .files import write_atomic, writing
 from .msccl.program import Program
 from .msccl.verify import Report
 from .mscclpp.plan import ExecutionPlan
@@ -36,7 +35,6 @@ from .units import format_size
 
 #: The MSCCL++ commit whose executor the plans are written for (mscclpp.md).
 MSCCLPP_COMMIT = "1f5f065d"
-MANIFEST_DIR = ".hipipe"
 PLAN_PROTOCOLS = ("Simple", "LL")
 
 
@@ -87,7 +85,8 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
     choices = (options.protocol,) if options.protocol in PLAN_PROTOCOLS else PLAN_PROTOCOLS
     if options.protocol == "LL128":
         raise InputError(None, "--proto", "MSCCL++ has no LL128; expected Simple or LL")
-    windows = compile_range(topology, replace(options, check=False), min_bytes, max_bytes, planner, stopwatch=watch)
+    windows = compile_range(topology, replace(options, check=False), min_bytes, max_bytes, planner, stopwatch=watch,
+                            timed=False)
     out = []
     for index, cw in enumerate(windows):
         lo, hi = cw.window.min_bytes, cw.window.max_bytes
@@ -189,28 +188,12 @@ def scratch_bytes(plan: ExecutionPlan, nbytes: int) -> int:
 def write_plans_directory(compiled: Sequence[CompiledPlans], path: str | Path, manifest: dict[str, Any],
                           node_size: int) -> list[Path]:
     """Write one JSON per plan and .hipipe/manifest.json; all text is made before the first write."""
-    path = Path(path)
     plans = [p for cp in compiled for p in cp.plans]
     texts = [(plan_file_name(p), write_plan(p)) for p in plans]
     manifest = {**manifest, "backend": "mscclpp", "mscclpp_commit": MSCCLPP_COMMIT,
                 "plans": [manifest_entry(p, node_size) for p in plans]}
-    for target in (*(path / name for name, _ in texts), path / MANIFEST_DIR / "manifest.json"):
-        if target.exists() and not target.is_file():
-            raise InputError(str(target), None, "expected to write a file here, but a directory or device is there")
-    written = []
-    prefix = {f"{p.collective}-{p.ngpus}r-" for p in plans}
-    with writing(path):
-        path.mkdir(parents=False, exist_ok=True)
-        (path / MANIFEST_DIR).mkdir(exist_ok=True)
-        for name, text in texts:
-            write_atomic(path / name, text)
-            written.append(path / name)
-        keep = {name for name, _ in texts}
-        for old in path.iterdir():
-            if old.suffix == ".json" and old.is_file() and old.name not in keep and any(old.name.startswith(x) for x in prefix):
-                old.unlink()
-        write_atomic(path / MANIFEST_DIR / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-    return written
+    prefixes = {f"{p.collective}-{p.ngpus}r-" for p in plans}
+    return write_file_set(path, texts, manifest, ".json", lambda name: any(name.startswith(x) for x in prefixes))
 
 
 def base_manifest(topology: Topology, collective: str, algorithm: str, node_size: int) -> dict[str, Any]:

@@ -49,27 +49,35 @@ def _shift_remote(plan: ExecutionPlan) -> ExecutionPlan | None:
     return _edit_ops(plan, edit)
 
 
-def _wrong_reduce_operand(plan: ExecutionPlan) -> ExecutionPlan | None:
-    def edit(_r: int, _t: int, ops: list[Op]) -> bool:
-        for i, op in enumerate(ops):
-            if op.name in ("re", "res", "repkt", "respkt") and op.src[0].buffer in ("i", "o"):
-                first = op.src[0]
-                size = first.size
-                moved = replace(first, index=first.index + size if first.index == 0 else first.index - size)
-                ops[i] = replace(op, src=(moved, *op.src[1:]))
-                return True
-        return False
-    return _edit_ops(plan, edit)
+def _first_op(wanted: Callable[[Op], bool], change: Callable[[ExecutionPlan, int, Op], Op]) -> Mutation:
+    """Change the first operation `wanted` accepts, in the first threadblock that has one."""
+    def mutate(plan: ExecutionPlan) -> ExecutionPlan | None:
+        def edit(rank: int, _t: int, ops: list[Op]) -> bool:
+            for i, op in enumerate(ops):
+                if wanted(op):
+                    ops[i] = change(plan, rank, op)
+                    return True
+            return False
+        return _edit_ops(plan, edit)
+    return mutate
 
 
-def _out_of_bounds(plan: ExecutionPlan) -> ExecutionPlan | None:
-    def edit(r: int, _t: int, ops: list[Op]) -> bool:
-        for i, op in enumerate(ops):
-            if op.name == "copy":
-                ops[i] = replace(op, dst=(replace(op.dst[0], index=plan.gpus[r].output_chunks + plan.gpus[r].scratch_chunks * 4),))
-                return True
-        return False
-    return _edit_ops(plan, edit)
+def _other_chunk(o: Operand) -> Operand:
+    return replace(o, index=o.index + o.size if o.index == 0 else o.index - o.size)
+
+
+_wrong_reduce_operand = _first_op(
+    lambda op: op.name in ("re", "res", "repkt", "respkt") and op.src[0].buffer in ("i", "o"),
+    lambda _plan, _rank, op: replace(op, src=(_other_chunk(op.src[0]), *op.src[1:])))
+_out_of_bounds = _first_op(
+    lambda op: op.name == "copy",
+    lambda plan, rank, op: replace(op, dst=(replace(op.dst[0], index=plan.gpus[rank].output_chunks
+                                                    + plan.gpus[rank].scratch_chunks * 4),)))
+_port_from_input = _first_op(
+    lambda op: op.name in ("pws", "pwsf"),
+    lambda _plan, _rank, op: replace(op, src=(Operand("i", 0, op.src[0].size),)))
+_many_operands = _first_op(
+    lambda op: op.name == "re", lambda _plan, _rank, op: replace(op, src=op.src + (op.src[-1],) * 10))
 
 
 def _too_many_ops(plan: ExecutionPlan) -> ExecutionPlan | None:
@@ -79,32 +87,12 @@ def _too_many_ops(plan: ExecutionPlan) -> ExecutionPlan | None:
     return _edit_ops(plan, edit)
 
 
-def _port_from_input(plan: ExecutionPlan) -> ExecutionPlan | None:
-    def edit(_r: int, _t: int, ops: list[Op]) -> bool:
-        for i, op in enumerate(ops):
-            if op.name in ("pws", "pwsf"):
-                ops[i] = replace(op, src=(Operand("i", 0, op.src[0].size),))
-                return True
-        return False
-    return _edit_ops(plan, edit)
-
-
 def _packet_twice(plan: ExecutionPlan) -> ExecutionPlan | None:
     def edit(_r: int, _t: int, ops: list[Op]) -> bool:
         for i, op in enumerate(ops):
             if op.name == "ppkt":
                 moved = replace(op, src=(replace(op.src[0], index=0 if op.src[0].index else op.src[0].size),))
                 ops.insert(i + 1, moved)
-                return True
-        return False
-    return _edit_ops(plan, edit)
-
-
-def _many_operands(plan: ExecutionPlan) -> ExecutionPlan | None:
-    def edit(_r: int, _t: int, ops: list[Op]) -> bool:
-        for i, op in enumerate(ops):
-            if op.name == "re":
-                ops[i] = replace(op, src=op.src + (op.src[-1],) * 10)
                 return True
         return False
     return _edit_ops(plan, edit)

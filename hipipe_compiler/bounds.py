@@ -1,6 +1,9 @@
 """The physical limits of cost-model.md section 4: T_LB, what no schedule on this topology can
 beat, and T_LB1 (section 4.1), what no program that runs one protocol can beat, for a
-collective of M bytes. Both depend on the topology and M only.
+collective of M bytes. Both depend on the topology and M only. Where dimensions reduce in
+the switch (section 5), T_LB is the smaller of the GPU-side limit and the in-switch one
+(switch_bound.py; docs/limits.md); T_LB1 stays the limit of an MSCCL XML program, which
+cannot reduce in the switch.
 
 >>> from hipipe_compiler.topology import Dimension, Topology
 >>> topo = Topology((Dimension(8, "switch", 300, link="nvlink"), Dimension(4, "switch", 50, link="network")))
@@ -14,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 from .hardware import PROTOCOLS, WIRE_EFFICIENCY
+from .switch_bound import in_switch_bandwidth_us
 from .topology import Topology
 
 #: Collectives with a bound; the others report none (cost-model.md 3).
@@ -23,12 +27,15 @@ BOUNDED = ("allreduce", "reducescatter", "allgather")
 @dataclass(frozen=True)
 class Bound:
     """T_LB and its parts, in microseconds; `binding_from` is k of the binding suffix S_k and
-    `call_us` the cheapest protocol's per-call cost, paid before any byte moves."""
+    `call_us` the cheapest protocol's per-call cost, paid before any byte moves (with the
+    cheapest in-switch call cost where `in_switch`: the limit of a program that reduces in
+    the switch binds)."""
 
     bandwidth_us: float
     latency_us: float
     binding_from: int
     call_us: float = 0.0
+    in_switch: bool = False
 
     @property
     def total_us(self) -> float:
@@ -77,17 +84,28 @@ def latency_bound_us(topology: Topology, protocol: str | None = None) -> float:
     return worst
 
 
-def lower_bound(topology: Topology, collective: str, nbytes: float) -> Bound | None:
-    """T_LB for a collective of nbytes (nccl-tests size), or None without a bound."""
+def lower_bound(topology: Topology, collective: str, nbytes: float, in_switch: bool = True) -> Bound | None:
+    """T_LB for a collective of nbytes (nccl-tests size), or None without a bound. Where the
+    topology can reduce in the switch, a program that does pays an in-switch call cost too,
+    so the limit is the smaller of the two; `in_switch=False` gives the GPU-side limit alone
+    (what the search measures its GPU-side programs by)."""
     if collective not in BOUNDED:
         return None
     bw, k = bandwidth_bound_us(topology, collective, nbytes)
-    return Bound(bw, latency_bound_us(topology), k, min(topology.call_cost(p) for p in PROTOCOLS))
+    latency = latency_bound_us(topology)
+    call = min(topology.call_cost(p) for p in PROTOCOLS)
+    gpu_side = Bound(bw, latency, k, call)
+    if not in_switch or not topology.nvls_dimensions:
+        return gpu_side
+    nvls_bw, nvls_k = in_switch_bandwidth_us(topology, collective, nbytes)
+    nvls_call = min(topology.dimensions[d].nvls.call_latency for d in topology.nvls_dimensions)
+    switched = Bound(nvls_bw, latency, nvls_k, call + nvls_call, in_switch=True)
+    return switched if switched.total_us < gpu_side.total_us else gpu_side
 
 
-def lower_bound_us(topology: Topology, collective: str, nbytes: float) -> float | None:
+def lower_bound_us(topology: Topology, collective: str, nbytes: float, in_switch: bool = True) -> float | None:
     """T_LB in microseconds, or None for a collective without a bound."""
-    b = lower_bound(topology, collective, nbytes)
+    b = lower_bound(topology, collective, nbytes, in_switch)
     return None if b is None else b.total_us
 
 

@@ -153,7 +153,8 @@ class Search:
                 except SimulationError:
                     self.times[tkey] = math.inf
             times.append(self.times[tkey])
-        score = sum(t / (lower_bound_us(self.topology, self.collective, s) or 1.0) for t, s in zip(times, sizes)) / len(sizes)
+        bounds = (lower_bound_us(self.topology, self.collective, s, in_switch=False) or 1.0 for s in sizes)
+        score = sum(t / b for t, b in zip(times, bounds)) / len(sizes)
         return Evaluation(knobs, plan, tuple(times), score)
 
 
@@ -291,7 +292,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     start = search.evaluations
     skipped = 0  # candidates dropped by their time floor: they count toward the budget
-    bound = lower_bound_us(topo, coll, nominal) or 1.0
+    bound = lower_bound_us(topo, coll, nominal, in_switch=False) or 1.0
     allreduce = coll == "allreduce"
     def hopeless(plan: Plan, scores: Iterable[float]) -> bool:
         """Whether the plan's time floor already loses to the best of these scores."""

@@ -1,7 +1,8 @@
 """The compiler for the MSCCL++ backend: the search's schedule per size window, lowered and
 translated into execution plans under Simple and under LL (MSCCL++ has no LL128), the faster
 plan kept, one plan per buffer mode the shim tells apart, every plan proven, and a directory
-with a manifest of what the shim must match on.
+with a manifest of what the shim must match on. An all-reduce on one NVLS domain also tries
+the plan that reduces in the switch (mscclpp/nvls.py), and keeps it where it is faster.
 
 >>> from hipipe_compiler.presets import preset
 >>> topo = preset("dgx-h100-8x1")
@@ -12,6 +13,7 @@ with a manifest of what the shim must match on.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -22,6 +24,7 @@ from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, Verif
 from .errors import InputError, PlanError
 from .msccl.program import Program
 from .msccl.verify import Report
+from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
 from .mscclpp.plan import ExecutionPlan
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
@@ -36,6 +39,8 @@ from .units import format_size
 #: The MSCCL++ commit whose executor the plans are written for (mscclpp.md).
 MSCCLPP_COMMIT = "1f5f065d"
 PLAN_PROTOCOLS = ("Simple", "LL")
+#: Threadblocks of an in-switch plan: as many as NCCL's NVLS runs channels on an H100 node.
+SWITCH_THREADBLOCKS = 16
 
 
 @dataclass(frozen=True)
@@ -118,8 +123,13 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         if best is None:
             raise error or PlanError(f"window {cw.window.label}: no plan")
         program, plan, result, size, schedule = best
+        modes = _modes(program)
+        switched = _in_switch(topology, options, plan, result.time_us, lo, hi, watch)
+        if switched is not None:
+            plan, result, size = switched
+            modes = (False, True)
         plans = tuple(replace(plan, name=_name(topology, options.collective, index, lo, hi, m), inplace=m)
-                      for m in _modes(program))
+                      for m in modes)
         report = Report((), ())
         if options.check:
             with watch.phase("verify"):
@@ -132,7 +142,9 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         details = {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
                    "utilisation": result.utilisation, "utilisation1": result.utilisation1, "xml_us": xml,
                    "size_multiple": size_multiple(plan)}
-        if schedule in fallbacks:
+        if switched is not None:
+            details["choice"] = "in-switch (glres on one NVLS domain)"
+        elif schedule in fallbacks:
             details["choice"] = f"{schedule.label} (search's pick does not fit)"
             with watch.phase("predict"):  # what the stand-in costs against the search's own program
                 details["search_xml_us"] = simulate_program(cw.program, topology, size)
@@ -140,6 +152,24 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                          details={**{k: v for k, v in cw.details.items() if k not in details}, **details})
         out.append(CompiledPlans(window, program, plans, report, details))
     return out
+
+
+def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, translated_us: float, lo: int,
+               hi: int, watch: Stopwatch) -> tuple[ExecutionPlan, Any, int] | None:
+    """The in-switch plan of an all-reduce window on one NVLS domain, its time and the size it
+    was timed at, where it beats the translated plan at a size both run; else None."""
+    if options.collective != "allreduce" or switch_domain(topology) is None or options.protocol == "LL":
+        return None
+    plan = nvls_allreduce_plan(topology, translated.name, False, SWITCH_THREADBLOCKS)
+    both = math.lcm(size_multiple(plan), size_multiple(translated))
+    size = hi - hi % both
+    if size < max(lo, both):
+        return None
+    with watch.phase("predict"):
+        result = time_plan(plan, topology, size)
+        if size != timed_size(translated, hi):
+            translated_us = time_plan(translated, topology, size).time_us
+    return (plan, result, size) if result.time_us < translated_us else None
 
 
 def simulate_program(program: Program, topology: Topology, nbytes: int) -> float:
@@ -172,6 +202,7 @@ def manifest_entry(plan: ExecutionPlan, node_size: int) -> dict[str, Any]:
     return {"file": plan_file_name(plan), "name": plan.name, "collective": plan.collective, "world_size": plan.ngpus,
             "ranks_per_node": node_size, "inplace": plan.inplace, "min_message_size": plan.min_message_size,
             "max_message_size": plan.max_message_size, "protocol": plan.protocol, "size_multiple": size_multiple(plan),
+            "in_switch": any(g.switch_groups() for g in plan.gpus),
             "scratch_bytes_at_max": scratch_bytes(plan, timed_size(plan, plan.max_message_size))}
 
 

@@ -39,6 +39,8 @@ PACKET_OPS = frozenset({"cpkt", "upkt", "ppkt", "rppkt", "repkt", "respkt", "rec
 PLAIN_DATA_OPS = frozenset({"put", "pws", "pwsf", "get", "copy", "re", "res", "rre", "rres", "glres", "gstore"})
 DATA_OPS = PACKET_OPS | PLAIN_DATA_OPS
 OPERATIONS = SYNC_OPS | CHANNEL_OPS | SEMAPHORE_OPS | DATA_OPS | {"pipeline"}
+#: Operations on a switch channel's multicast view (mscclpp.md 4): NVLS, sm_90 and later.
+SWITCH_OPS = frozenset({"glres", "gstore", "gstorepkt"})
 #: Operations whose first source is the local operand the others are summed into.
 REDUCING_OPS = frozenset({"re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt", "glres"})
 
@@ -164,6 +166,12 @@ class GpuPlan:
     def peers(self, channel_type: str) -> tuple[int, ...]:
         """The GPU-level channel table of one type: the peer of each index (mscclpp.md 3.1)."""
         return tuple(p for c in self.channels if c.channel_type == channel_type for p in c.connected_to)
+
+    def switch_groups(self) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        """The GPU-level switch channel table: (buffer type, ranks) of each index, one per rank
+        group of each switch declaration (mscclpp.md 3.1)."""
+        return tuple((c.buffer_type or "", group) for c in self.channels if c.channel_type == "switch"
+                     for group in c.rank_groups)
 
 
 @dataclass(frozen=True)

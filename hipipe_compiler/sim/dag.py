@@ -127,14 +127,7 @@ def _message(net: Network, topology: Topology, t: Task, i: int) -> Message:
             raise DagError(f"task {i}: {exc}") from None
         alpha = topology.dimensions[dim].alpha(t.protocol)
         return Message(i, resources, dim, t.nbytes / WIRE_EFFICIENCY[t.protocol], alpha)
-    dim = topology.dimensions[t.dim]
-    if dim.nvls is None:
-        raise DagError(f"task {i}: dimension {topology.dim_name(t.dim)} has no in-switch reduction")
-    group = topology.group(t.rank, t.dim)
-    if t.kind == "reduce":
-        ports = [("out", m, t.dim) for m in group] + [("in", t.rank, t.dim)]
-    else:
-        ports = [("out", t.rank, t.dim)] + [("in", m, t.dim) for m in group]
-    for p in ports:
-        net.add_resource(p, dim.bandwidth)
-    return Message(i, tuple(ports), t.dim, t.nbytes, dim.alpha("Simple"), dim.nvls.efficiency)
+    try:
+        return net.switch_message(i, t.kind, t.rank, t.dim, t.nbytes)
+    except ValueError as exc:
+        raise DagError(f"task {i}: {exc}") from None

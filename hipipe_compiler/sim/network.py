@@ -123,6 +123,25 @@ class Network:
         """Declare a resource that no point-to-point link names (ports of a switch reduce)."""
         self.capacity[resource] = capacity_GBps * 1e3
 
+    def switch_message(self, owner: Any, kind: str, rank: int, dim: int, nbytes: float,
+                       group: tuple[int, ...] | None = None) -> Message:
+        """A switch reduce (`kind` "reduce") or multicast store ("store") of nbytes issued by
+        rank on dimension dim (cost-model.md section 5): a reduce takes nbytes out of every
+        member's port and into the issuer's, a store out of the issuer's and into every
+        member's; at the dimension's in-switch efficiency, after its Simple alpha. `group`
+        defaults to the ranks that differ from rank in dim alone."""
+        d = self.topology.dimensions[dim]
+        if d.nvls is None:
+            raise ValueError(f"dimension {self.topology.dim_name(dim)} has no in-switch reduction")
+        members = self.topology.group(rank, dim) if group is None else group
+        if kind == "reduce":
+            ports = [("out", m, dim) for m in members] + [("in", rank, dim)]
+        else:
+            ports = [("out", rank, dim)] + [("in", m, dim) for m in members]
+        for p in ports:
+            self.add_resource(p, d.bandwidth)
+        return Message(owner, tuple(ports), dim, nbytes, d.alpha("Simple"), d.nvls.efficiency)
+
     # -- messages
     def send(self, msg: Message) -> None:
         """Put a message on the network now: it waits its alpha, then moves its bytes."""

@@ -12,7 +12,12 @@ What each operation costs (docs/mscclpp.md of the project has the table):
   semaphore costs nothing beyond its order; a packet read waits until its packets arrived;
 - local work (copy, reduce, packing) runs at the topology's reduce bandwidth (free when it
   has none), before the operation's remote stores;
-- every threadblock starts after the call cost of the plan's protocol.
+- `glres` is a switch reduce over its source's group and a multicast store to its
+  destination's, both moving at once (each thread stores what its load-reduce returned);
+  `gstore` is a multicast store (cost-model.md section 5). A switch channel's group must be
+  the ranks of one dimension with `nvls`;
+- every threadblock starts after the call cost of the plan's protocol, plus the in-switch
+  call cost where the plan has switch channels.
 
 >>> from hipipe_compiler.presets import preset
 >>> from hipipe_compiler.schedule import hierarchical_plan
@@ -31,7 +36,8 @@ from collections import defaultdict
 
 from ..bounds import lower_bound, one_protocol_bound_us
 from ..hardware import WIRE_EFFICIENCY
-from ..mscclpp.plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs, message_sizes, packet_operand
+from ..mscclpp.plan import (PACKET_OPS, SWITCH_OPS, ExecutionPlan, Op, Operand, channel_pairs, message_sizes,
+                            packet_operand)
 from ..topology import Topology
 from .network import NETWORK_EVENTS, Message, Network
 from .simulate import DimensionUsage, SimResult, SimulationError
@@ -78,9 +84,21 @@ class _Timer:
         self.behind: dict[int, list[tuple]] = defaultdict(list)  # signals that arrive with a message
         self.queued: dict[int, list[Message]] = defaultdict(list)  # port puts waiting for the one before
         self.last = 0.0
+        self.switch_dims = {group: self._switch_dim(rank, group) for rank, g in enumerate(plan.gpus)
+                            for _buffer, group in g.switch_groups()}
+
+    def _switch_dim(self, rank: int, group: tuple[int, ...]) -> int:
+        """The dimension with in-switch reduction whose group of rank is this switch channel's."""
+        for d in self.topology.nvls_dimensions:
+            if sorted(group) == list(self.topology.group(rank, d)):
+                return d
+        raise SimulationError(f"rank {rank}'s switch channel over ranks {list(group)} is not the group of a dimension "
+                              "with in-switch reduction (nvls) in this topology", 2)
 
     def run(self) -> float:
         start = self.topology.call_cost(self.plan.protocol)
+        if self.switch_dims:
+            start += max(self.topology.dimensions[d].nvls.call_latency for d in self.switch_dims.values())
         self.last = start
         for r in self.runs:
             self.net.schedule(start, "go", r)
@@ -167,6 +185,8 @@ class _Timer:
         if r.phase == "remote":
             port = op.channel_type == "port"
             r.pending = 0
+            if op.name in SWITCH_OPS:
+                self.switch(r, op)
             for k, o in enumerate(op.dst):
                 if o.buffer_id is not None:
                     self.send(r, op, o, packet_operand(op.name, False, k), wait=not port or op.name == "pwsf")
@@ -199,6 +219,18 @@ class _Timer:
                 self.queued[id(tail)].append(msg)
                 return
         self.net.send(msg)
+
+    def switch(self, r: _Run, op: Op) -> None:
+        """A glres's switch reduce and multicast store, or a gstore's store, on the network."""
+        table = self.plan.gpus[r.rank].switch_groups()
+        channels = self.tb_plan[r.key].channel_list("switch")
+        nbytes = op.src[0].size * self.chunk
+        parts = [("store", op.dst[0])] if op.name != "glres" else [("reduce", op.src[0]), ("store", op.dst[0])]
+        for kind, operand in parts:
+            group = table[channels[operand.switch_channel_id]][1]
+            msg = self.net.switch_message((r, True, r.rank, None), kind, r.rank, self.switch_dims[group], nbytes, group)
+            r.pending += 1
+            self.net.send(msg)
 
     def arrive(self, msg: Message) -> None:
         r, wait, rank, packets = msg.owner

@@ -7,7 +7,16 @@ clocks for what each threadblock may see:
 - a port channel's proxy orders each connection: a `put` there becomes visible with the
   next signal on it, and its source is read until the peer's `wait` takes that signal;
 - packets need no signal: a packet operation waits until every packet it reads was written
-  in this launch.
+  in this launch;
+- a switch channel's `glres` reads the region on every member of its group and stores the
+  sum to every member of its destination's group; `gstore` stores a local region to every
+  member. Both are plain accesses to the members' memory by the issuing block: a member's
+  data is visible to them only through a signal, and their stores to a reader only through
+  one (mscclpp.md 8.2: a relaxed signal publishes nothing).
+
+A peer's input and output belong to its caller until its kernel starts and after it ends: an
+access to them must follow a signal from that peer in this launch, and come before that
+peer's kernel ends.
 
 Checked on the way: every read sees data published to it, no two unordered writers, no
 write over an unordered read (a slot reused before its reader is done), no deadlock. At the
@@ -24,7 +33,7 @@ import numpy as np
 
 from ...msccl.verify.report import Collector
 from ..memory import where
-from ..plan import PACKET_OPS, ExecutionPlan, Op, Operand, channel_pairs, packet_operand
+from ..plan import PACKET_OPS, SWITCH_OPS, ExecutionPlan, Op, Operand, channel_pairs, packet_operand
 
 MASK = (1 << 64) - 1
 Value = tuple[int, int, int]  # (identity, contributions, sum of the contributors' weights mod 2^64)
@@ -79,8 +88,9 @@ class Execution:
                        for nested in ((op,) if op.name != "pipeline" else op.ops)]
                 self.tbs.append(_Tb(len(self.tbs), g.id, tb.id, ops, 0))
         n = len(self.tbs)
-        for t in self.tbs:
-            t.vc = np.zeros(n, dtype=np.int32)
+        for t in self.tbs:  # one entry per threadblock, then one per rank: "its kernel has started"
+            t.vc = np.zeros(n + plan.ngpus, dtype=np.int32)
+            t.vc[n + t.rank] = 1
         self.tb_plan = {(t.rank, t.id): plan.gpus[t.rank].threadblocks[t.id] for t in self.tbs}
         self.weight = weights(plan.ngpus)
         self.memory: dict[tuple[int, str], list[_Cell]] = {}
@@ -234,6 +244,9 @@ class Execution:
     # -- data ---------------------------------------------------------------------------------
     def _data(self, t: _Tb, op: Op, pos: int) -> None:
         name = op.name
+        if name in SWITCH_OPS:
+            self._switch(t, op, pos)
+            return
         srcs = [self._place(t, op, o, packet_operand(name, True, k)) for k, o in enumerate(op.src)]
         dsts = [self._place(t, op, o, packet_operand(name, False, k)) for k, o in enumerate(op.dst)]
         values = [self._read(t, place, pos, proxy=op.channel_type == "port" and name in ("put", "pws")) for place in srcs]
@@ -253,6 +266,28 @@ class Execution:
                 self.port_writes[(t.index, self._endpoint(t, op, op.channel_ids[0])[2])].append(
                     (place, vals, srcs if name == "pws" else []))
             self._signal(t, op, op.channel_ids[0])
+
+    def _members(self, t: _Tb, o: Operand) -> list[tuple[int, str, int, int, bool]]:
+        """The place of a switch operand on every member of its channel's group."""
+        buffer, ranks = self.plan.gpus[t.rank].switch_groups()[self.tb_plan[(t.rank, t.id)].channel_list("switch")[
+            o.switch_channel_id]]
+        return [(m, *self._where(m, buffer, o.index, o.size), False) for m in ranks]
+
+    def _switch(self, t: _Tb, op: Op, pos: int) -> None:
+        """glres: the sum over the source's members, stored to every destination member; gstore:
+        a local region stored to every member."""
+        src, dst = op.src[0], op.dst[0]
+        if op.name == "glres":
+            parts = [self._read(t, place, pos) for place in self._members(t, src)]
+            values = [self._sum(t, pos, [p[j] for p in parts]) for j in range(len(parts[0]))]
+        else:
+            values = self._read(t, self._place(t, op, src, False), pos)
+        for place in self._members(t, dst):
+            self._write(t, place, values, pos)
+
+    def _started(self, t: _Tb, rank: int) -> bool:
+        """Whether t has heard from rank in this launch (so rank's kernel has started)."""
+        return bool(t.vc[len(self.tbs) + rank])
 
     def _span(self, place: tuple) -> list[_Cell]:
         rank, space, start, end, _ = place
@@ -284,6 +319,9 @@ class Execution:
         is recorded when the peer's wait ends it, and checked against writes at the put
         (`record` False)."""
         rank, space = place[0], place[1]
+        if space != "s" and not self._started(t, rank):
+            self._report(t, pos, "unsynchronised-peer", f"{'writes' if write else 'reads'} {space} of rank {rank} before "
+                         f"any signal from rank {rank} in this launch: its caller may still own the buffer")
         for cell in self._span(place):
             if not record:
                 w = cell.writer
@@ -376,6 +414,13 @@ class Execution:
         for (rank, space), cells in self.memory.items():
             for cell in cells:
                 history = cell.history or ()
+                late = [i for i, clock, _ in history
+                         if space != "s" and self.tbs[i].rank != rank and rank in ends and ends[rank][i] < clock]
+                if late:
+                    i = late[0]
+                    self._report(self.tbs[i], None, "unfinished-access", f"its access to {space} of rank {rank} is not "
+                                 f"ordered before rank {rank}'s kernel ends, so rank {rank}'s caller may reuse the buffer "
+                                 "under it")
                 ranks = {self.tbs[i].rank for i, _, _ in history}
                 if len(ranks) < 2 or not any(w for _, _, w in history) or (double and cell.packet):
                     continue

@@ -9,14 +9,13 @@ from collections import Counter
 from ...msccl.verify.report import Collector
 from ..plan import (BUFFER_TYPES, CHANNEL_OPS, CHANNEL_TYPES, COLLECTIVES, DATA_OPS, MAX_BARRIERS, MAX_CHANNELS,
                     MAX_CHANNELS_PER_OP, MAX_OPERANDS, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, MAX_THREADS, OPERATIONS,
-                    PACKET_OPS, SEMAPHORE_OPS, ExecutionPlan, GpuPlan, Op, Operand, Threadblock, packet_operand)
+                    PACKET_OPS, SEMAPHORE_OPS, SWITCH_OPS, ExecutionPlan, GpuPlan, Op, Operand, Threadblock,
+                    packet_operand)
 
 #: Operations whose first destination is local and later ones may be peers.
 LOCAL_FIRST_DST = frozenset({"re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt", "copy", "upkt", "cpkt", "get"})
 #: Operations that write peers only.
 REMOTE_DST = frozenset({"put", "pws", "pwsf", "ppkt", "rppkt"})
-#: Data operations that run on the executor's switch channels (multimem), not modelled here.
-SWITCH_OPS = frozenset({"glres", "gstore", "gstorepkt"})
 
 
 def check_structure(plan: ExecutionPlan, out: Collector) -> bool:
@@ -52,6 +51,7 @@ def check_structure(plan: ExecutionPlan, out: Collector) -> bool:
             out.add("plan-field", "an all-reduce needs input_chunks == output_chunks (one chunk size for both)", r)
         _gpu(plan, g, out)
     _pairing(plan, out)
+    _switch_groups(plan, out)
     return len(out) == before
 
 
@@ -84,7 +84,7 @@ def _threadblock(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, out: Collecto
     for c in tb.channels:
         if len(c.channel_ids) > MAX_CHANNELS:
             out.add("channel-limit", f"{len(c.channel_ids)} {c.channel_type} channels; at most {MAX_CHANNELS} per type", r, tb.id)
-        table = g.peers(c.channel_type) if c.channel_type != "switch" else [x for x in g.channels if x.channel_type == "switch"]
+        table = g.peers(c.channel_type) if c.channel_type != "switch" else g.switch_groups()
         for i in c.channel_ids:
             if not 0 <= i < len(table):
                 out.add("channel-declaration", f"{c.channel_type} channel {i} is not declared by the gpu", r, tb.id)
@@ -115,8 +115,14 @@ def _op(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, op: Op, pos: int, out:
     if op.name not in OPERATIONS:
         out.add("plan-field", f"operation {op.name!r}: the executor accepts none of that name", *where)
         return
-    if op.name in SWITCH_OPS or op.channel_type == "switch":
-        out.add("unsupported", f"{op.name}: in-switch operations are not modelled by this verifier yet", *where)
+    if op.name == "gstorepkt":
+        out.add("unsupported", "gstorepkt: multicast packets are not modelled by this verifier", *where)
+        return
+    if op.name in SWITCH_OPS:
+        _switch_op(plan, g, tb, op, where, out)
+        return
+    if op.channel_type == "switch":
+        out.add("operand", f"{op.name} does not run on a switch channel: only glres and gstore do", *where)
         return
     if op.tbg is not None:
         out.add("unsupported", "tbg_info: thread-block groups are not modelled by this verifier", *where)
@@ -232,3 +238,66 @@ def _pairing(plan: ExecutionPlan, out: Collector) -> None:
         m = counts.get((b, a, t), 0)
         if a < b and n != m or (a > b and m == 0):
             out.add("channel-pairing", f"rank {a} declares {n} {t} channel(s) to rank {b}, which declares {m} back", a)
+
+
+def _switch_op(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, op: Op, where: tuple, out: Collector) -> None:
+    """glres: one switch source and one switch destination; gstore: a local source and a
+    switch destination (mscclpp.md 4). Every member's buffer must hold the chunks."""
+    if op.channel_type != "switch":
+        out.add("operand", f"{op.name} needs channel_type switch, got {op.channel_type!r}", *where)
+    if op.tbg is not None:
+        out.add("unsupported", "tbg_info: thread-block groups are not modelled by this verifier", *where)
+    if len(op.src) != 1 or len(op.dst) != 1:
+        out.add("operand", f"{op.name} takes one source and one destination", *where)
+        return
+    (src,), (dst,) = op.src, op.dst
+    if op.name == "glres" and src.switch_channel_id is None or op.name == "gstore" and not src.local:
+        out.add("operand", f"{op.name}'s source must be {'a switch channel' if op.name == 'glres' else 'a local buffer'}",
+                *where)
+        return
+    if dst.switch_channel_id is None:
+        out.add("operand", f"{op.name}'s destination must be a switch channel", *where)
+        return
+    if src.size != dst.size or src.size < 1:
+        out.add("operand", f"{op.name} operands of sizes {src.size} and {dst.size}: expected one positive size", *where)
+    if src.local:
+        _operand(plan, g, tb, op, src, False, where, out)
+    table, channels = g.switch_groups(), tb.channel_list("switch")
+    for o in (src, dst):
+        if o.switch_channel_id is None:
+            continue
+        if not 0 <= o.switch_channel_id < len(channels) or not 0 <= channels[o.switch_channel_id] < len(table):
+            out.add("channel-declaration", f"switch channel {o.switch_channel_id} is not in the threadblock's list", *where)
+            continue
+        buffer, ranks = table[channels[o.switch_channel_id]]
+        for m in ranks:
+            if 0 <= m < plan.ngpus and buffer in BUFFER_TYPES:
+                size = _chunks(plan, plan.gpus[m], buffer, False)
+                if o.index < 0 or o.end > size:
+                    out.add("operand-bounds", f"chunks [{o.index}, {o.end}) of rank {m}'s {buffer} buffer of {size} chunks",
+                            *where)
+                    break
+
+
+def _switch_groups(plan: ExecutionPlan, out: Collector) -> None:
+    """Each switch channel binds a multicast group collectively (connectNvlsCollective): every
+    rank is in each group it declares, and any two members declare the groups they share
+    alike and in the same order, or the setup throws or hangs (mscclpp.md 3.1)."""
+    shared: dict[tuple[int, int], list] = {}
+    for g in plan.gpus:
+        for buffer, ranks in g.switch_groups():
+            if buffer not in BUFFER_TYPES:
+                out.add("channel-declaration", f"switch channel buffer_type {buffer!r}: expected i, o or s", g.id)
+            if g.id not in ranks or len(set(ranks)) != len(ranks) or not all(0 <= m < plan.ngpus for m in ranks):
+                out.add("switch-group", f"switch channel over ranks {list(ranks)}: expected distinct ranks of the plan, "
+                        "this one among them", g.id)
+                continue
+            if plan.collective == "allgather" and plan.inplace and buffer == "i" and len(ranks) > 1:
+                out.add("buffer-declaration", "an in-place all-gather must never address a peer's input (mscclpp.md 8.6)",
+                        g.id)
+            for m in ranks:
+                shared.setdefault((g.id, m), []).append((buffer, tuple(sorted(ranks))))
+    for a, b in sorted({(min(k), max(k)) for k in shared if k[0] != k[1]}):
+        if shared.get((a, b)) != shared.get((b, a)):
+            out.add("switch-group", f"ranks {a} and {b} declare the switch channels they share differently or in another "
+                    "order; the multicast setup is collective over each group", a)

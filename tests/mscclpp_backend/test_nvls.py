@@ -1,0 +1,152 @@
+"""In-switch plans (mscclpp/nvls.py): every one verifies, every breakage of its multimem
+operations or of the signals around them is rejected with its rule, and its time answers to
+the limit with in-switch reduction."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hipipe_compiler.bounds import lower_bound
+from hipipe_compiler.errors import PlanError
+from hipipe_compiler.mscclpp.nvls import nvls_allreduce_plan, switch_domain
+from hipipe_compiler.mscclpp.plan import Channel, ExecutionPlan, Op, Operand
+from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
+from hipipe_compiler.presets import preset
+from hipipe_compiler.sim.plans import time_plan
+from hipipe_compiler.sim.simulate import SimulationError
+from hipipe_compiler.topology import Dimension, Topology
+
+from plan_mutations import _drop_first, _edit_ops, _first_op
+
+
+def node(n: int = 8, efficiency: float = 0.85) -> Topology:
+    return Topology((Dimension(n, "switch", 370.8, {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+                               nvls={"efficiency": efficiency, "call_latency": 5.0}),), call_latency=4.0)
+
+
+def proof(plan: ExecutionPlan) -> set[str]:
+    return verify_plan(plan, layouts_of(plan, aliased=True)).rules()
+
+
+@given(st.integers(2, 17), st.integers(1, 4), st.booleans(), st.floats(0.5, 1.0))
+def test_every_in_switch_plan_verifies_and_answers_to_the_limit(n, threadblocks, inplace, efficiency):
+    topo = node(n, efficiency)
+    plan = nvls_allreduce_plan(topo, "p", inplace, threadblocks)
+    assert proof(plan) == set()
+    nbytes = 16 * n * threadblocks * 4096
+    result = time_plan(plan, topo, nbytes)
+    assert result.time_us >= lower_bound(topo, "allreduce", nbytes).total_us * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("nbytes", [64 << 20, 256 << 20, 1 << 30])
+def test_one_h100_node_reaches_the_limit_with_in_switch_reduction(nbytes):
+    """The NVLS issue's target: U at least 0.90 against the new limit from 64 MiB up."""
+    topo = preset("dgx-h100-8x1")
+    result = time_plan(nvls_allreduce_plan(topo, "p", False, 16), topo, nbytes)
+    assert lower_bound(topo, "allreduce", nbytes).in_switch
+    assert result.utilisation >= 0.90
+
+
+def test_only_one_nvls_domain_gets_an_in_switch_plan():
+    assert switch_domain(preset("dgx-h100-8x1")) == 0
+    assert switch_domain(preset("dgx-h100-8x4")) is None
+    assert switch_domain(preset("torus-4x4")) is None
+    with pytest.raises(PlanError, match="nvls"):
+        nvls_allreduce_plan(preset("dgx-h100-8x2"), "p", False, 4)
+    with pytest.raises(PlanError, match="memory channels"):
+        nvls_allreduce_plan(node(18), "p", False, 4)
+
+
+def test_a_switch_group_the_topology_cannot_reduce_is_refused_when_timed():
+    plan = nvls_allreduce_plan(node(8), "p", False, 2)
+    with pytest.raises(SimulationError, match="not the group of a dimension"):
+        time_plan(plan, Topology((Dimension(8, "switch", 370.8, 1.0),)), 1 << 20)
+
+
+def _with_gpu0_channels(plan: ExecutionPlan, channels: tuple[Channel, ...]) -> ExecutionPlan:
+    g = plan.gpus[0]
+    return replace(plan, gpus=(replace(g, channels=channels), *plan.gpus[1:]))
+
+
+def _member_missing(plan: ExecutionPlan) -> ExecutionPlan:
+    channels = tuple(replace(c, rank_groups=(c.rank_groups[0][:-1],)) if c.channel_type == "switch" else c
+                     for c in plan.gpus[0].channels)
+    return _with_gpu0_channels(plan, channels)
+
+
+def _groups_reordered(plan: ExecutionPlan) -> ExecutionPlan:
+    channels = plan.gpus[0].channels
+    memory = tuple(c for c in channels if c.channel_type != "switch")
+    switch = tuple(c for c in channels if c.channel_type == "switch")
+    return _with_gpu0_channels(plan, memory + tuple(reversed(switch)))
+
+
+def _every_op(change) -> callable:
+    def mutate(plan: ExecutionPlan) -> ExecutionPlan:
+        gpus = tuple(replace(g, threadblocks=tuple(replace(tb, ops=tuple(change(op) for op in tb.ops))
+                                                   for tb in g.threadblocks)) for g in plan.gpus)
+        return replace(plan, gpus=gpus)
+    return mutate
+
+
+def _shift(side: str):
+    def change(_plan, _rank, op: Op) -> Op:
+        moved = tuple(replace(o, index=o.index + 1) for o in getattr(op, side))
+        return replace(op, **{side: moved})
+    return _first_op(lambda op: op.name == "glres", change)
+
+
+def _drop_opening(plan: ExecutionPlan) -> ExecutionPlan | None:
+    def edit(_r: int, _t: int, ops: list[Op]) -> bool:
+        first = next(i for i, op in enumerate(ops) if op.name == "nop")
+        del ops[:first]
+        return True
+    return _edit_ops(plan, edit)
+
+
+#: name -> (mutation, rules of which at least one must be reported)
+MUTATIONS = {
+    "the source region shifted": (_shift("src"), {"semantics", "race", "operand-bounds"}),
+    "the destination region shifted": (_shift("dst"), {"semantics", "race", "operand-bounds"}),
+    "the opening handshake dropped": (_drop_opening, {"unsynchronised-peer", "deadlock"}),
+    "the closing wait dropped": (_drop_first(lambda ops, i: ops[i].name == "wait" and i == len(ops) - 1),
+                                 {"unfinished-access", "unfinished-write", "signal-balance"}),
+    "the nop after the opening wait dropped": (
+        _drop_first(lambda ops, i: ops[i].name == "nop" and i + 1 < len(ops) and ops[i + 1].name == "glres"),
+        {"unsynchronised-peer", "unpublished-read"}),
+    "the nop before the closing signal dropped": (
+        _drop_first(lambda ops, i: ops[i].name == "nop" and i > 0 and ops[i - 1].name == "glres"),
+        {"unfinished-access", "unfinished-write", "unpublished-read"}),
+    "relaxed signals publish nothing": (
+        _every_op(lambda op: replace(op, name="rlx" + op.name) if op.name in ("signal", "wait") else op),
+        {"unsynchronised-peer"}),
+    "a store without the reduce it depends on": (
+        _first_op(lambda op: op.name == "glres",
+                  lambda _plan, _rank, op: replace(op, name="gstore", src=(Operand("i", op.src[0].index, 1),))),
+        {"semantics"}),
+    "packet multicast, which is not modelled": (
+        _first_op(lambda op: op.name == "glres", lambda _plan, _rank, op: replace(op, name="gstorepkt")),
+        {"unsupported"}),
+    "a multimem operation on a memory channel": (
+        _first_op(lambda op: op.name == "glres", lambda _plan, _rank, op: replace(op, channel_type="memory")),
+        {"operand"}),
+    "a member missing from a group": (_member_missing, {"switch-group"}),
+    "groups declared in another order": (_groups_reordered, {"switch-group", "semantics", "race"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+@pytest.mark.parametrize("inplace", [False, True])
+def test_every_mutation_of_an_in_switch_plan_is_rejected(name, inplace):
+    mutate, rules = MUTATIONS[name]
+    if name == "groups declared in another order" and inplace:
+        pytest.skip("an in-place plan declares one switch channel")
+    plan = nvls_allreduce_plan(node(4), "p", inplace, 2)
+    broken = mutate(plan)
+    assert broken is not None and broken != plan
+    found = proof(broken)
+    assert found & rules, f"{name}: {sorted(found)}, expected one of {sorted(rules)}"

@@ -13,7 +13,7 @@ dimension's ports, summed over the ranks, as the capacity. Without in-switch red
 gives cost-model.md section 4's T_bw,k exactly.
 
 >>> from hipipe_compiler.topology import Dimension, Topology
->>> node = Topology((Dimension(8, "switch", 370.8, nvls={"efficiency": 0.85}),))
+>>> node = Topology((Dimension(8, "switch", 370.8, link="nvlink", nvls={"efficiency": 0.85}),))
 >>> t, k = in_switch_bandwidth_us(node, "allreduce", 1 << 30)  # (1 + 1/8) M / (e B)
 >>> round(t, 1), k, round(9 / 8 * (1 << 30) / (0.85 * 370.8e3), 1)
 (3832.6, 0, 3832.6)

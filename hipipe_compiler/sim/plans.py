@@ -85,10 +85,11 @@ class _Timer:
         self.queued: dict[int, list[Message]] = defaultdict(list)  # port puts waiting for the one before
         self.last = 0.0
         self.switch_dims = {group: self._switch_dim(rank, group) for rank, g in enumerate(plan.gpus)
-                            for _buffer, group in g.switch_groups()}
+                            for _buffer, group in g.switch_groups() if len(group) > 1}
 
     def _switch_dim(self, rank: int, group: tuple[int, ...]) -> int:
-        """The dimension with in-switch reduction whose group of rank is this switch channel's."""
+        """The dimension with in-switch reduction whose group of rank is this switch channel's
+        (a group of one GPU stores through the switch of the group it reduced over)."""
         for d in self.topology.nvls_dimensions:
             if sorted(group) == list(self.topology.group(rank, d)):
                 return d
@@ -189,16 +190,17 @@ class _Timer:
                 self.switch(r, op)
             for k, o in enumerate(op.dst):
                 if o.buffer_id is not None:
-                    self.send(r, op, o, packet_operand(op.name, False, k), wait=not port or op.name == "pwsf")
-            if port and op.name in ("pws", "pwsf"):
-                self.signal(r, op, op.channel_ids[0])
+                    channel = op.channel_ids[min(k, len(op.channel_ids) - 1)] if op.channel_ids else 0
+                    self.send(r, op, o, packet_operand(op.name, False, k), not port or op.name == "pwsf", channel)
+                    if port and op.name in ("pws", "pwsf"):  # thread k puts and signals on channel k
+                        self.signal(r, op, channel)
             if r.pending:
                 r.phase = "await"
                 return False
             return True
         return r.phase == "done"
 
-    def send(self, r: _Run, op: Op, o: Operand, packet: bool, wait: bool) -> None:
+    def send(self, r: _Run, op: Op, o: Operand, packet: bool, wait: bool, channel: int) -> None:
         ref = self.plan.gpus[r.rank].remote_buffers[self.tb_plan[r.key].buffer_list(op.channel_type)[o.buffer_id]]
         try:
             resources, dim, _ = self.net.link(r.rank, ref.rank)
@@ -212,7 +214,7 @@ class _Timer:
         if wait:
             r.pending += 1
         if op.channel_type == "port":
-            mine = self.endpoint(r, op, op.channel_ids[0] if op.channel_ids else 0)
+            mine = self.endpoint(r, op, channel)
             tail = self.port_tail.get(mine)
             self.port_tail[mine] = msg
             if tail is not None and not tail.arrived:  # the proxy works a connection's puts in order
@@ -226,9 +228,13 @@ class _Timer:
         channels = self.tb_plan[r.key].channel_list("switch")
         nbytes = op.src[0].size * self.chunk
         parts = [("store", op.dst[0])] if op.name != "glres" else [("reduce", op.src[0]), ("store", op.dst[0])]
+        dim = None
         for kind, operand in parts:
             group = table[channels[operand.switch_channel_id]][1]
-            msg = self.net.switch_message((r, True, r.rank, None), kind, r.rank, self.switch_dims[group], nbytes, group)
+            dim = self.switch_dims[group] if len(group) > 1 or dim is None else dim
+            if len(group) == 1 and op.name != "glres":
+                raise SimulationError(f"rank {r.rank} multicasts to a group of itself alone: no switch to time it on", 2)
+            msg = self.net.switch_message((r, True, r.rank, None), kind, r.rank, dim, nbytes, group)
             r.pending += 1
             self.net.send(msg)
 

@@ -255,17 +255,19 @@ class Execution:
             outs = [(d, result) for d in dsts]
         else:  # one source per destination, or the one source to every destination
             outs = [(d, values[min(k, len(values) - 1)]) for k, d in enumerate(dsts)]
-        for place, vals in outs:
+        for k, (place, vals) in enumerate(outs):
             if op.channel_type == "port" and place[0] != t.rank:
-                if name == "put":
-                    self.port_writes[(t.index, self._endpoint(t, op, op.channel_ids[0])[2])].append((place, vals, srcs))
+                # thread k drives channel k with destination k (handlePut); pwsf returns once the
+                # proxy is done, so its sources were read at the op
+                channel = op.channel_ids[min(k, len(op.channel_ids) - 1)]
+                if name != "put" and name not in ("pws", "pwsf"):
+                    continue
+                read = [srcs[min(k, len(srcs) - 1)]] if name != "pwsf" else []
+                self.port_writes[(t.index, self._endpoint(t, op, channel)[2])].append((place, vals, read))
+                if name in ("pws", "pwsf"):
+                    self._signal(t, op, channel)
                 continue
             self._write(t, place, vals, pos)
-        if name in ("pws", "pwsf") and op.channel_type == "port":
-            for place, vals in outs:  # pwsf returns once the proxy is done: its sources were read at the op
-                self.port_writes[(t.index, self._endpoint(t, op, op.channel_ids[0])[2])].append(
-                    (place, vals, srcs if name == "pws" else []))
-            self._signal(t, op, op.channel_ids[0])
 
     def _members(self, t: _Tb, o: Operand) -> list[tuple[int, str, int, int, bool]]:
         """The place of a switch operand on every member of its channel's group."""

@@ -25,6 +25,7 @@ from .errors import InputError, PlanError
 from .msccl.program import Program
 from .msccl.verify import Report
 from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
+from .mscclpp.nvls_pipeline import nvls_pipeline_plan, pipeline_shape
 from .mscclpp.plan import ExecutionPlan
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
@@ -41,6 +42,8 @@ MSCCLPP_COMMIT = "1f5f065d"
 PLAN_PROTOCOLS = ("Simple", "LL")
 #: Threadblocks of an in-switch plan: as many as NCCL's NVLS runs channels on an H100 node.
 SWITCH_THREADBLOCKS = 16
+#: Pipeline chunks per GPU an in-switch pipeline tries, per window.
+PIPELINE_CHUNKS = (2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -123,13 +126,15 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         if best is None:
             raise error or PlanError(f"window {cw.window.label}: no plan")
         program, plan, result, size, schedule = best
-        modes = _modes(program)
         switched = _in_switch(topology, options, plan, result.time_us, lo, hi, watch)
         if switched is not None:
-            plan, result, size = switched
-            modes = (False, True)
-        plans = tuple(replace(plan, name=_name(topology, options.collective, index, lo, hi, m), inplace=m)
-                      for m in modes)
+            build, result, size = switched
+            plans = tuple(replace(build(m), name=_name(topology, options.collective, index, lo, hi, m),
+                                  min_message_size=lo, max_message_size=hi) for m in (False, True))
+            plan = plans[0]
+        else:
+            plans = tuple(replace(plan, name=_name(topology, options.collective, index, lo, hi, m), inplace=m)
+                          for m in _modes(program))
         report = Report((), ())
         if options.check:
             with watch.phase("verify"):
@@ -143,7 +148,9 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                    "utilisation": result.utilisation, "utilisation1": result.utilisation1, "xml_us": xml,
                    "size_multiple": size_multiple(plan)}
         if switched is not None:
-            details["choice"] = "in-switch (glres on one NVLS domain)"
+            details["choice"] = ("in-switch (glres on one NVLS domain)" if switch_domain(topology) is not None else
+                                 f"in-switch pipeline ({plan.gpus[0].scratch_chunks // (3 * topology.dimensions[-1].size - 1)}"
+                                 " chunks: switch, network, multicast)")
         elif schedule in fallbacks:
             details["choice"] = f"{schedule.label} (search's pick does not fit)"
             with watch.phase("predict"):  # what the stand-in costs against the search's own program
@@ -154,22 +161,41 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
     return out
 
 
+Builder = Callable[[bool], ExecutionPlan]
+
+
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, translated_us: float, lo: int,
-               hi: int, watch: Stopwatch) -> tuple[ExecutionPlan, Any, int] | None:
-    """The in-switch plan of an all-reduce window on one NVLS domain, its time and the size it
-    was timed at, where it beats the translated plan at a size both run; else None."""
-    if options.collective != "allreduce" or switch_domain(topology) is None or options.protocol == "LL":
+               hi: int, watch: Stopwatch) -> tuple[Builder, Any, int] | None:
+    """The fastest in-switch plan of an all-reduce window (as a builder per buffer mode), its
+    time and the size it was timed at, where it beats the translated plan at a size both run."""
+    if options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL":
         return None
-    plan = nvls_allreduce_plan(topology, translated.name, False, SWITCH_THREADBLOCKS)
-    both = math.lcm(size_multiple(plan), size_multiple(translated))
-    size = hi - hi % both
-    if size < max(lo, both):
-        return None
-    with watch.phase("predict"):
-        result = time_plan(plan, topology, size)
-        if size != timed_size(translated, hi):
-            translated_us = time_plan(translated, topology, size).time_us
-    return (plan, result, size) if result.time_us < translated_us else None
+    best = None
+    for build in _switch_candidates(topology, translated.name):
+        plan = build(False)
+        both = math.lcm(size_multiple(plan), size_multiple(translated))
+        size = hi - hi % both
+        if size < max(lo, both):
+            continue
+        with watch.phase("predict"):
+            result = time_plan(plan, topology, size)
+            mine = translated_us if size == timed_size(translated, hi) else time_plan(translated, topology, size).time_us
+        gain = mine / result.time_us
+        if gain > 1 and (best is None or gain > best[0]):
+            best = (gain, build, result, size)
+    return None if best is None else best[1:]
+
+
+def _switch_candidates(topology: Topology, name: str) -> list[Builder]:
+    """The in-switch plans this topology has: one NVLS domain, or NVLS nodes on one network
+    with the pipeline's chunk counts."""
+    if switch_domain(topology) is not None:
+        return [lambda inplace: nvls_allreduce_plan(topology, name, inplace, SWITCH_THREADBLOCKS)]
+    try:
+        pipeline_shape(topology, 1)
+    except PlanError:
+        return []
+    return [lambda inplace, c=c: nvls_pipeline_plan(topology, name, inplace, c) for c in PIPELINE_CHUNKS]
 
 
 def simulate_program(program: Program, topology: Topology, nbytes: int) -> float:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hipipe_compiler.bounds import lower_bound
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.mscclpp.nvls import nvls_allreduce_plan, switch_domain
+from hipipe_compiler.mscclpp.nvls_pipeline import Shape, nvls_pipeline_plan, pipeline_shape
 from hipipe_compiler.mscclpp.plan import Channel, ExecutionPlan, Op, Operand
 from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
 from hipipe_compiler.presets import preset
@@ -146,6 +147,84 @@ def test_every_mutation_of_an_in_switch_plan_is_rejected(name, inplace):
     if name == "groups declared in another order" and inplace:
         pytest.skip("an in-place plan declares one switch channel")
     plan = nvls_allreduce_plan(node(4), "p", inplace, 2)
+    broken = mutate(plan)
+    assert broken is not None and broken != plan
+    found = proof(broken)
+    assert found & rules, f"{name}: {sorted(found)}, expected one of {sorted(rules)}"
+
+
+# -- pipelines across nodes ---------------------------------------------------------------------
+
+def nodes(n: int, k: int, efficiency: float = 0.85) -> Topology:
+    return Topology((Dimension(n, "switch", 370.8, {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+                               nvls={"efficiency": efficiency, "call_latency": 5.0}),
+                     Dimension(k, "switch", 50, {"LL": 2.7, "LL128": 4.0, "Simple": 14.0})), call_latency=4.0)
+
+
+@given(st.integers(2, 8), st.integers(2, 5), st.sampled_from([1, 2, 3, 7, 20]), st.booleans())
+def test_every_in_switch_pipeline_verifies_and_answers_to_the_limit(n, k, chunks, inplace):
+    topo = nodes(n, k)
+    plan = nvls_pipeline_plan(topo, "p", inplace, chunks)
+    assert proof(plan) == set()
+    assert plan.max_ops <= 64
+    nbytes = 16 * plan.gpus[0].input_chunks * 64
+    assert time_plan(plan, topo, nbytes).time_us >= lower_bound(topo, "allreduce", nbytes).total_us * (1 - 1e-9)
+
+
+def test_a_pipeline_needs_nvls_nodes_on_one_switch_network():
+    for name in ("dgx-h100-8x1", "torus-4x4", "dgx-a100-8x2"):
+        with pytest.raises(PlanError, match="in-switch pipelines"):
+            pipeline_shape(preset(name), 4)
+    assert pipeline_shape(preset("dgx-h100-8x4"), 4) == Shape(8, 4, 4)
+
+
+def test_more_chunks_overlap_the_switch_and_the_network():
+    """The stages run at once: four nodes of H100 at 256 MiB take less time with 16 chunks than
+    with 2, and less than the switch stages and the network stage would one after the other."""
+    topo = preset("dgx-h100-8x4")
+    few, many = (time_plan(nvls_pipeline_plan(topo, "p", False, c), topo, 256 << 20).time_us for c in (2, 16))
+    assert many < 0.8 * few
+    network = 2 * 3 / 4 * (256 << 20) / 8 / (topo.dimensions[1].bandwidth * 1e3)
+    dim = topo.dimensions[0]
+    switch = 1.25 * (256 << 20) / (dim.nvls.efficiency * dim.bandwidth * 1e3)
+    assert many < 0.8 * (network + switch)
+
+
+def _drop_in_stage(stage_op: str, name: str):
+    """Drop the first `name` of the first threadblock that runs `stage_op`."""
+    def mutate(plan: ExecutionPlan) -> ExecutionPlan | None:
+        def edit(_r: int, _t: int, ops: list[Op]) -> bool:
+            if not any(op.name == stage_op for op in ops):
+                return False
+            i = next(i for i, op in enumerate(ops) if op.name == name)
+            del ops[i]
+            return True
+        return _edit_ops(plan, edit)
+    return mutate
+
+
+PIPELINE_MUTATIONS = {
+    "a store before the reduce it depends on": (_drop_in_stage("gstore", "sem_acquire"),
+                                                {"unpublished-read", "semantics", "deadlock", "semaphore-balance"}),
+    "the network reads before the switch reduced": (_drop_in_stage("re", "sem_acquire"),
+                                                    {"unpublished-read", "semantics", "semaphore-balance"}),
+    "a network wait dropped": (_drop_in_stage("re", "wait"), {"unpublished-read", "signal-balance", "semantics"}),
+    "the switch stage's release dropped": (_drop_in_stage("glres", "sem_release"), {"deadlock"}),
+    "a multicast region shifted": (_first_op(lambda op: op.name == "gstore", lambda _p, _r, op: replace(
+        op, dst=(replace(op.dst[0], index=op.dst[0].index + 1),))), {"semantics", "race", "operand-bounds"}),
+    "a reduce into the node's group instead of the GPU alone": (
+        _first_op(lambda op: op.name == "glres", lambda _p, _r, op: replace(
+            op, dst=(replace(op.dst[0], switch_channel_id=0),))),
+        {"semantics", "race", "unpublished-read", "operand-bounds"}),
+    "the network's closing handshake dropped": (_drop_in_stage("re", "signal"),
+                                                {"deadlock", "slot-reuse", "signal-balance"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINE_MUTATIONS))
+def test_every_mutation_of_a_pipeline_is_rejected(name):
+    mutate, rules = PIPELINE_MUTATIONS[name]
+    plan = nvls_pipeline_plan(nodes(4, 3), "p", False, 3)
     broken = mutate(plan)
     assert broken is not None and broken != plan
     found = proof(broken)

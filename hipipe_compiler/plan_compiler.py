@@ -43,7 +43,7 @@ PLAN_PROTOCOLS = ("Simple", "LL")
 #: Threadblocks of an in-switch plan: as many as NCCL's NVLS runs channels on an H100 node.
 SWITCH_THREADBLOCKS = 16
 #: Pipeline chunks per GPU an in-switch pipeline tries, per window.
-PIPELINE_CHUNKS = (2, 4, 8, 16, 32, 64)
+PIPELINE_CHUNKS = (4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     if options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL":
         return None
     best = None
-    for build in _switch_candidates(topology, translated.name):
+    for build in switch_candidates(topology, translated.name):
         plan = build(False)
         both = math.lcm(size_multiple(plan), size_multiple(translated))
         size = hi - hi % both
@@ -186,7 +186,7 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     return None if best is None else best[1:]
 
 
-def _switch_candidates(topology: Topology, name: str) -> list[Builder]:
+def switch_candidates(topology: Topology, name: str) -> list[Builder]:
     """The in-switch plans this topology has: one NVLS domain, or NVLS nodes on one network
     with the pipeline's chunk counts."""
     if switch_domain(topology) is not None:

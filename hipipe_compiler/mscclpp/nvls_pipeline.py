@@ -11,9 +11,12 @@ into one part per node. Per chunk:
 2. a network threadblock sends part p of that sum to GPU h of node p (port puts with
    signal), sums the parts it receives into its own part, and sends that to every other node;
 3. a store threadblock multicasts the K summed parts into every GPU's output (`gstore`).
-Semaphores pass each chunk from stage to stage. The reduce and store threadblocks open with
-a handshake inside the node (a peer's buffers are its caller's until its kernel starts), and
-every threadblock closes with one with the peers it touched.
+Semaphores pass each chunk from stage to stage. The reduce and the store stages work their
+chunks in order, one threadblock after the other, so the pipeline is as deep as the chunk
+count; the network threadblocks take turns, so one chunk's latency overlaps the next one's
+bytes. The reduce and store threadblocks open with a handshake inside the node (a peer's
+buffers are its caller's until its kernel starts), and every threadblock closes with one
+with the peers it touched.
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from dataclasses import dataclass
 
 from ..errors import PlanError
 from ..topology import Topology
-from .plan import (MAX_CHANNELS, MAX_CHANNELS_PER_OP, MAX_MESSAGE_SIZE, MAX_OPERATIONS, Channel, ExecutionPlan,
-                   GpuPlan, Op, Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock)
+from .plan import (MAX_CHANNELS, MAX_CHANNELS_PER_OP, MAX_MESSAGE_SIZE, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, Channel,
+                   ExecutionPlan, GpuPlan, Op, Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock)
 
 #: Operations per chunk of each stage, and the fixed ones of its threadblock (handshakes).
 _PER_CHUNK = {"reduce": 3, "network": 11, "store": 3}
-_FIXED = {"reduce": 7, "network": 5, "store": 8}
+_FIXED = {"reduce": 10, "network": 5, "store": 11}
 
 
 @dataclass(frozen=True)
@@ -65,15 +68,19 @@ def pipeline_shape(topology: Topology, chunks: int) -> Shape:
     n, nodes = dims[0].size, dims[1].size
     if n - 1 > MAX_CHANNELS or nodes - 1 > MAX_CHANNELS_PER_OP:
         raise PlanError(f"{n} GPUs and {nodes} nodes exceed the executor's channel limits")
-    if chunks < 1:
-        raise PlanError("expected at least one pipeline chunk")
+    if not 1 <= chunks or _split(chunks, "network") > MAX_SEMAPHORES_PER_OP:
+        raise PlanError(f"{chunks} pipeline chunks: expected 1 to {MAX_SEMAPHORES_PER_OP * _PER_TB['network']}, so "
+                        "that a store threadblock releases every network one in one operation")
     return Shape(n, nodes, chunks)
 
 
+#: Chunks one threadblock of each stage holds within the executor's operation limit.
+_PER_TB = {stage: (MAX_OPERATIONS - _FIXED[stage]) // _PER_CHUNK[stage] for stage in _FIXED}
+
+
 def _split(chunks: int, stage: str) -> int:
-    """Threadblocks a stage needs for this many chunks within the executor's operation limit."""
-    per = (MAX_OPERATIONS - _FIXED[stage]) // _PER_CHUNK[stage]
-    return -(-chunks // per)
+    """Threadblocks a stage needs for this many chunks."""
+    return -(-chunks // _PER_TB[stage])
 
 
 def nvls_pipeline_plan(topology: Topology, name: str, inplace: bool, chunks: int,
@@ -103,6 +110,11 @@ def _gpu(topology: Topology, shape: Shape, counts: dict[str, int], rank: int, in
     def sem_done(c: int, b: int) -> int:  # store tb c has read every sum: network tb b may close
         return nr * nn + nn * ns + c * nn + b
 
+    def baton(stage: str, t: int) -> int:  # the stage's threadblock t may start on its chunks
+        return nr * nn + 2 * nn * ns + (t - 1 if stage == "reduce" else nr - 1 + t - 1)
+
+    per_r, per_s = -(-shape.chunks // nr), -(-shape.chunks // ns)
+
     # switch channels: the node over the input, this GPU alone over scratch, the node over the output
     switch = (Channel("switch", buffer_type="i", rank_groups=(node,)), Channel("switch", buffer_type="s",
                                                                            rank_groups=((rank,),)))
@@ -115,12 +127,16 @@ def _gpu(topology: Topology, shape: Shape, counts: dict[str, int], rank: int, in
         groups = [tuple(range(i, min(i + MAX_CHANNELS_PER_OP, peers))) for i in range(0, peers, MAX_CHANNELS_PER_OP)]
         return [Op("signal", kind, g) for g in groups] + [Op("wait", kind, g) for g in groups]
 
+    # the reduce and store stages each work their chunks in order, one threadblock after the
+    # other (a baton semaphore), so that the pipeline is as deep as the chunk count
     for a in range(nr):
         ops: list[Op] = [*handshake("memory", len(node_peers)), Op("nop")]
-        for j in range(a, shape.chunks, nr):
+        ops += [Op("sem_acquire", semaphore_ids=(baton("reduce", a),)), Op("nop")] if a else []
+        for j in range(a * per_r, min(shape.chunks, (a + 1) * per_r)):
             ops += [Op("glres", "switch", src=(Operand(None, shape.chunk(h, j), shape.nodes, switch_channel_id=0),),
                        dst=(Operand(None, shape.node_sum(j, 0), shape.nodes, switch_channel_id=1),)),
                     Op("nop"), Op("sem_release", semaphore_ids=(sem_rn(a, j % nn),))]
+        ops += [Op("sem_release", semaphore_ids=(baton("reduce", a + 1),))] if a + 1 < nr else []
         ops += handshake("memory", len(node_peers))
         tbs.append(_tb(len(tbs), ops, range(memory_tables, memory_tables + len(node_peers)), (src_switch, own_switch)))
         memory_tables += len(node_peers)
@@ -134,14 +150,14 @@ def _gpu(topology: Topology, shape: Shape, counts: dict[str, int], rank: int, in
                           for i, p in enumerate(rail_peers))
             mine = Operand("s", shape.summed(j, k), 1)
             received = tuple(Operand("s", shape.received(j, k, topology.coord(p, 1)), 1) for p in rail_peers)
-            ops += [Op("sem_acquire", semaphore_ids=(sem_rn(j % nr, b),)), Op("nop"),
+            ops += [Op("sem_acquire", semaphore_ids=(sem_rn(j // per_r, b),)), Op("nop"),
                     Op("pws", "port", everyone, src=sends, dst=slots),
                     Op("wait", "port", everyone), Op("nop"),
                     Op("re", src=(Operand("s", shape.node_sum(j, k), 1), *received), dst=(mine,)), Op("nop"),
                     Op("pws", "port", everyone, src=(mine,) * len(rail_peers),
                        dst=tuple(Operand(None, shape.summed(j, k), 1, buffer_id=i) for i in everyone)),
                     Op("wait", "port", everyone), Op("nop"),
-                    Op("sem_release", semaphore_ids=(sem_ns(b, j % ns),))]
+                    Op("sem_release", semaphore_ids=(sem_ns(b, j // per_s),))]
         # the peers write this GPU's sums, which the store threadblocks read: close after them
         ops += [Op("sem_acquire", semaphore_ids=tuple(sem_done(c, b) for c in range(ns))), Op("nop"),
                 Op("signal", "port", everyone), Op("wait", "port", everyone)]
@@ -150,19 +166,21 @@ def _gpu(topology: Topology, shape: Shape, counts: dict[str, int], rank: int, in
                                (TbBuffers("port", tuple(range(len(buffers)))),)))
     for c in range(ns):
         ops = [*handshake("memory", len(node_peers)), Op("nop")]
-        for j in range(c, shape.chunks, ns):
+        ops += [Op("sem_acquire", semaphore_ids=(baton("store", c),)), Op("nop")] if c else []
+        for j in range(c * per_s, min(shape.chunks, (c + 1) * per_s)):
             ops += [Op("sem_acquire", semaphore_ids=(sem_ns(j % nn, c),)), Op("nop"),
                     Op("gstore", "switch", src=(Operand("s", shape.summed(j, 0), shape.nodes),),
                        dst=(Operand(None, shape.chunk(h, j), shape.nodes, switch_channel_id=0),))]
-        ops += [Op("nop"), Op("sem_release", semaphore_ids=tuple(sem_done(c, b) for b in range(nn))),
-                *handshake("memory", len(node_peers))]
+        ops += [Op("nop"), Op("sem_release", semaphore_ids=tuple(sem_done(c, b) for b in range(nn)))]
+        ops += [Op("sem_release", semaphore_ids=(baton("store", c + 1),))] if c + 1 < ns else []
+        ops += handshake("memory", len(node_peers))
         tbs.append(_tb(len(tbs), ops, range(memory_tables, memory_tables + len(node_peers)), (out_switch,)))
         memory_tables += len(node_peers)
     channels = (tuple(Channel("memory", connected_to=node_peers) for _ in range(nr + ns))
                 + tuple(Channel("port", connected_to=rail_peers) for _ in range(nn)) + switch)
     total = shape.n * shape.chunks * shape.nodes
     return GpuPlan(rank, total, total, shape.chunks * shape.block, tuple(tbs), channels, buffers,
-                   (0,) * (nr * nn + 2 * nn * ns))
+                   (0,) * (nr * nn + 2 * nn * ns + nr - 1 + ns - 1))
 
 
 def _tb(index: int, ops: list[Op], memory: range, switch: tuple[int, ...]) -> Threadblock:

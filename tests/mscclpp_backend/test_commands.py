@@ -74,3 +74,23 @@ def test_a_plan_above_the_executors_limits_is_refused_naming_the_limit(tmp_path)
     done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--size", "64MiB", "--max-tbs", "2", "-o", out)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "threadblocks" in done.stderr and not out.exists()
+
+
+def test_a_directory_on_one_nvls_node_serves_large_all_reduces_in_the_switch(tmp_path):
+    """The compiler keeps the in-switch plan where it is faster, names it in the manifest, and
+    the files verify and simulate from the command line as written."""
+    out = tmp_path / "plans"
+    done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--sizes", "64MiB:256MiB", "--min-speedup", "0",
+                      "-o", out)
+    assert done.returncode == 0, done.stderr
+    entries = json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]
+    switched = [e for e in entries if e["in_switch"]]
+    assert {e["inplace"] for e in switched} == {False, True}
+    for e in switched:
+        plan = read_plan(out / e["file"])
+        assert any(op.name == "glres" for tb in plan.gpus[0].threadblocks for op in tb.ops)
+        assert run_hipipe("verify", out / e["file"]).returncode == 0
+    timed = run_hipipe("simulate", out / switched[0]["file"], "--topo", "dgx-h100-8x1", "--size", "256MiB", "--json")
+    assert timed.returncode == 0, timed.stderr
+    result = json.loads(timed.stdout)
+    assert result["utilisation"] >= 0.9

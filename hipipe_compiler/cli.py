@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mscclpp: ranks that share a node (memory channels among them, port channels between nodes; "
                    "default: the dimensions linked by NVLink or PCIe, else the innermost one)")
     p.add_argument("--inplace", action="store_true", help="mscclpp, --size: write the in-place plan (default out-of-place)")
+    p.add_argument("--no-in-switch", action="store_true",
+                   help="mscclpp: never reduce in the switch (NVLS), even where the topology declares nvls")
     p.add_argument("-o", "--output", required=True, help="output file (--size) or directory (--sizes)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--json", action="store_true", help="print the per-window summary as JSON")

@@ -40,7 +40,8 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
     watch = Stopwatch()
-    compiled, failed = verified(topo, None, lambda: compile_plans(topo, options, lo, hi, node_size=node, stopwatch=watch))
+    compiled, failed = verified(topo, None, lambda: compile_plans(topo, options, lo, hi, node_size=node, stopwatch=watch,
+                                                                  in_switch=not args.no_in_switch))
     if failed:
         return failed
     windows = [cp.window for cp in compiled]
@@ -98,7 +99,9 @@ def cmd_verify_plan(args: argparse.Namespace) -> int:
 
 def cmd_simulate_plan(args: argparse.Namespace) -> int:
     if args.timeline:
-        raise InputError(None, "--timeline", "timelines are drawn for MSCCL XML programs only")
+        from .sim.timeline import check_picture_path
+        check_picture_path(args.timeline)
+        check_output_path(args.timeline, directory=False, option="--timeline")
     plan = read_plan(args.file)
     topo = load_topology(args.topo)
     if plan.ngpus != topo.nranks:
@@ -107,11 +110,16 @@ def cmd_simulate_plan(args: argparse.Namespace) -> int:
     if not check_structure(plan, broken):
         raise InputError(args.file, None, f"cannot be simulated: {broken.items[0]}; hipipe verify names every broken rule")
     try:
-        result = time_plan(plan, topo, args.size)
+        result = time_plan(plan, topo, args.size, record=bool(args.timeline))
     except SimulationError as exc:
         if exc.exit_code == 2:
             raise InputError(args.file, "--size", str(exc)) from None
         raise
+    if args.timeline:
+        from .sim.timeline import render_plan_timeline
+        if any(not 0 <= r < topo.nranks for r in args.rank):
+            raise InputError(None, "--rank", f"expected ranks below {topo.nranks}, got {max(args.rank)}")
+        render_plan_timeline(result, plan.name, topo, args.timeline, args.rank)
     if args.json:
         print_json({"file": args.file, "topology": topo.label, "format": "mscclpp", **result.to_dict()})
         return 0

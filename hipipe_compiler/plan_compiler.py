@@ -25,7 +25,7 @@ from .errors import InputError, PlanError
 from .msccl.program import Program
 from .msccl.verify import Report
 from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
-from .mscclpp.nvls_pipeline import nvls_pipeline_plan, pipeline_shape
+from .mscclpp.nvls_pipeline import Shape, nvls_pipeline_plan, pipeline_shape
 from .mscclpp.plan import ExecutionPlan
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
@@ -87,8 +87,9 @@ def _modes(program: Program) -> tuple[bool, ...]:
 
 def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
                   planner: Planner | None = None, node_size: int | None = None,
-                  stopwatch: Stopwatch | None = None) -> list[CompiledPlans]:
-    """Plans for every size window of [min, max]; VerificationFailed if one does not verify."""
+                  stopwatch: Stopwatch | None = None, in_switch: bool = True) -> list[CompiledPlans]:
+    """Plans for every size window of [min, max]; VerificationFailed if one does not verify.
+    `in_switch` lets the search's all-reduces give way to plans that reduce in the switch."""
     watch = stopwatch or Stopwatch()
     choices = (options.protocol,) if options.protocol in PLAN_PROTOCOLS else PLAN_PROTOCOLS
     if options.protocol == "LL128":
@@ -126,7 +127,7 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         if best is None:
             raise error or PlanError(f"window {cw.window.label}: no plan")
         program, plan, result, size, schedule = best
-        switched = _in_switch(topology, options, plan, result.time_us, lo, hi, watch)
+        switched = _in_switch(topology, options, plan, result.time_us, lo, hi, watch) if in_switch else None
         if switched is not None:
             build, result, size = switched
             plans = tuple(replace(build(m), name=_name(topology, options.collective, index, lo, hi, m),
@@ -148,9 +149,15 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                    "utilisation": result.utilisation, "utilisation1": result.utilisation1, "xml_us": xml,
                    "size_multiple": size_multiple(plan)}
         if switched is not None:
-            details["choice"] = ("in-switch (glres on one NVLS domain)" if switch_domain(topology) is not None else
-                                 f"in-switch pipeline ({plan.gpus[0].scratch_chunks // (3 * topology.dimensions[-1].size - 1)}"
-                                 " chunks: switch, network, multicast)")
+            one_node = switch_domain(topology) is not None
+            chunks = len(plan.gpus[0].threadblocks) if one_node else plan.gpus[0].scratch_chunks // Shape(
+                0, topology.dimensions[-1].size, 1).block
+            details["choice"] = ("in-switch (glres on one NVLS domain)" if one_node else
+                                 f"in-switch pipeline ({chunks} chunks: switch, network, multicast)")
+            # what the summary says of the window is the plan's, not the search's schedule's
+            details.update(chunks=str(chunks), chunk_units=[1] * chunks, orders=[], fold=[],
+                           element_multiple=size_multiple(plan) // 4, channels=len(plan.gpus[0].peers("memory"))
+                           + len(plan.gpus[0].peers("port")) + len(plan.gpus[0].switch_groups()))
         elif schedule in fallbacks:
             details["choice"] = f"{schedule.label} (search's pick does not fit)"
             with watch.phase("predict"):  # what the stand-in costs against the search's own program
@@ -166,23 +173,30 @@ Builder = Callable[[bool], ExecutionPlan]
 
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, translated_us: float, lo: int,
                hi: int, watch: Stopwatch) -> tuple[Builder, Any, int] | None:
-    """The fastest in-switch plan of an all-reduce window (as a builder per buffer mode), its
-    time and the size it was timed at, where it beats the translated plan at a size both run."""
-    if options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL":
+    """The best in-switch plan of an all-reduce window (as a builder per buffer mode), its time
+    and the size it was timed at: the one with the largest mean gain over the translated plan
+    at the window's smallest and largest sizes that both run, where it is faster at both."""
+    if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
+            or options.algorithm != "hipipe"):
         return None
     best = None
+    mine: dict[int, float] = {timed_size(translated, hi): translated_us}
     for build in switch_candidates(topology, translated.name):
         plan = build(False)
         both = math.lcm(size_multiple(plan), size_multiple(translated))
-        size = hi - hi % both
-        if size < max(lo, both):
+        top = hi - hi % both
+        if top < max(lo, both):
             continue
+        ends = sorted({top, max(both, lo + -lo % both)})
         with watch.phase("predict"):
-            result = time_plan(plan, topology, size)
-            mine = translated_us if size == timed_size(translated, hi) else time_plan(translated, topology, size).time_us
-        gain = mine / result.time_us
-        if gain > 1 and (best is None or gain > best[0]):
-            best = (gain, build, result, size)
+            results = [time_plan(plan, topology, size) for size in ends]
+            for size in ends:
+                if size not in mine:
+                    mine[size] = time_plan(translated, topology, size).time_us
+        gains = [mine[size] / r.time_us for size, r in zip(ends, results)]
+        gain = math.prod(gains) ** (1 / len(gains))
+        if min(gains) > 1 and (best is None or gain > best[0]):
+            best = (gain, build, results[-1], top)
     return None if best is None else best[1:]
 
 

@@ -4,6 +4,9 @@
 
 - timeline-dgx-h100-8x4-256MiB.png: the HiPIPE all-reduce compiled for
   samples/topologies/dgx-h100-8x4.yaml at 256 MiB, simulated, one row per dimension;
+- timeline-nvls-dgx-h100-8x4-256MiB.png: an MSCCL++ in-switch pipeline on the same machine
+  (16 chunks), timed at 256 MiB: the switch reduces, the network sends and the multicast
+  stores of rank 0, busy at once on different chunks;
 - busbw-samples.png: busbw against message size for ring, hierarchical, themis, NCCL's own
   pick (on the H100 sample, a calibrated machine) and HiPIPE on the two-dimensional samples,
   with the physical limit.
@@ -35,6 +38,20 @@ def timeline(out: Path) -> Path:
     return path
 
 
+def nvls_timeline(out: Path) -> Path:
+    """Build, time and draw the sample in-switch pipeline."""
+    from hipipe_compiler.mscclpp.nvls_pipeline import nvls_pipeline_plan
+    from hipipe_compiler.presets import load_topology
+    from hipipe_compiler.sim.plans import time_plan
+    from hipipe_compiler.sim.timeline import render_plan_timeline
+
+    topo = load_topology(TIMELINE_TOPOLOGY)
+    plan = nvls_pipeline_plan(topo, "in-switch pipeline, 16 chunks", False, 16)
+    path = out / f"timeline-nvls-{topo.label}-256MiB.png"
+    render_plan_timeline(time_plan(plan, topo, TIMELINE_SIZE, record=True), plan.name, topo, path)
+    return path
+
+
 def busbw(out: Path, sizes: tuple[int, ...] = BENCH_SIZES) -> Path:
     """The bench plot of the two-dimensional samples."""
     from hipipe_compiler.bench import Grid, plot, run_grid
@@ -50,7 +67,7 @@ def busbw(out: Path, sizes: tuple[int, ...] = BENCH_SIZES) -> Path:
 def main(argv: list[str]) -> None:
     out = Path(argv[0]) if argv else SAMPLES / "pictures"
     out.mkdir(parents=True, exist_ok=True)
-    for path in (timeline(out), busbw(out)):
+    for path in (timeline(out), nvls_timeline(out), busbw(out)):
         print(f"wrote {path}")
 
 

@@ -40,7 +40,7 @@ from ..mscclpp.plan import (PACKET_OPS, SWITCH_OPS, ExecutionPlan, Op, Operand, 
                             packet_operand)
 from ..topology import Topology
 from .network import NETWORK_EVENTS, Message, Network
-from .simulate import DimensionUsage, SimResult, SimulationError
+from .simulate import DimensionUsage, Interval, SimResult, SimulationError
 
 LOCAL_OPS = frozenset({"copy", "re", "res", "rre", "rres", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt"})
 
@@ -57,7 +57,7 @@ class _Run:
 
 
 class _Timer:
-    def __init__(self, plan: ExecutionPlan, topology: Topology, nbytes: int) -> None:
+    def __init__(self, plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False) -> None:
         if plan.ngpus != topology.nranks:
             raise SimulationError(f"the plan is for {plan.ngpus} ranks but the topology has {topology.nranks}", 2)
         inp, out = message_sizes(plan.collective, nbytes, plan.ngpus)
@@ -84,6 +84,9 @@ class _Timer:
         self.behind: dict[int, list[tuple]] = defaultdict(list)  # signals that arrive with a message
         self.queued: dict[int, list[Message]] = defaultdict(list)  # port puts waiting for the one before
         self.last = 0.0
+        self.record = record
+        self.intervals: list[Interval] = []
+        self.ordinal: dict[tuple, int] = defaultdict(int)  # data operations started, per (rank, name)
         self.switch_dims = {group: self._switch_dim(rank, group) for rank, g in enumerate(plan.gpus)
                             for _buffer, group in g.switch_groups() if len(group) > 1}
 
@@ -209,8 +212,8 @@ class _Timer:
         protocol = "LL" if op.name in PACKET_OPS else "Simple"
         # a memory put is stores streaming out: the signal behind it pays the latency
         alpha = self.topology.dimensions[dim].alpha(protocol) if protocol == "LL" or op.channel_type == "port" else 0.0
-        msg = Message((r, wait, ref.rank, (2 * o.index, 2 * o.end) if packet else None), resources, dim,
-                      o.size * self.chunk / WIRE_EFFICIENCY[protocol], alpha)
+        msg = Message((r, wait, ref.rank, (2 * o.index, 2 * o.end) if packet else None, self._tag(r, "send", ref.rank)),
+                      resources, dim, o.size * self.chunk / WIRE_EFFICIENCY[protocol], alpha)
         if wait:
             r.pending += 1
         if op.channel_type == "port":
@@ -234,12 +237,29 @@ class _Timer:
             dim = self.switch_dims[group] if len(group) > 1 or dim is None else dim
             if len(group) == 1 and op.name != "glres":
                 raise SimulationError(f"rank {r.rank} multicasts to a group of itself alone: no switch to time it on", 2)
-            msg = self.net.switch_message((r, True, r.rank, None), kind, r.rank, dim, nbytes, group)
+            msg = self.net.switch_message((r, True, r.rank, None, self._tag(r, kind, -1)), kind, r.rank, dim, nbytes,
+                                          group)
             r.pending += 1
             self.net.send(msg)
 
+    def _tag(self, r: _Run, kind: str, peer: int) -> tuple[str, int, int] | None:
+        """What a recorded message was: its kind, its peer (-1 for the switch) and the ordinal of
+        its operation among the rank's operations of that name (in a pipeline, the chunk)."""
+        if not self.record:
+            return None
+        name = r.ops[r.pc].name
+        key = (r.rank, name, r.id, r.pc)
+        if key not in self.ordinal:
+            self.ordinal[key] = self.ordinal[(r.rank, name)]
+            self.ordinal[(r.rank, name)] += 1
+        return kind, peer, self.ordinal[key]
+
     def arrive(self, msg: Message) -> None:
-        r, wait, rank, packets = msg.owner
+        r, wait, rank, packets, tag = msg.owner
+        if tag is not None:
+            kind, peer, ordinal = tag
+            self.intervals.append(Interval(msg.start, self.net.now, r.rank, peer, msg.dim, ordinal, 0, 0, r.id,
+                                           {"reduce": True, "store": False}.get(kind)))
         if packets is not None:
             self.packets.update((rank, c) for c in range(*packets))
             self.wake(("pkt", rank))
@@ -275,13 +295,18 @@ class _Timer:
             self.net.schedule(self.net.now, "go", r)
 
 
-def time_plan(plan: ExecutionPlan, topology: Topology, nbytes: int) -> SimResult:
-    """Time one call of nbytes (the nccl-tests size) of an execution plan on a topology."""
-    timer = _Timer(plan, topology, nbytes)
+def time_plan(plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False) -> SimResult:
+    """Time one call of nbytes (the nccl-tests size) of an execution plan on a topology; with
+    `record`, the result keeps every message (for timelines: `iteration` is the ordinal of its
+    operation among the rank's of that name, `reduce` True for a switch reduce, False for a
+    multicast store and None for a put)."""
+    timer = _Timer(plan, topology, nbytes, record)
     time = timer.run()
     bound = lower_bound(topology, plan.collective, nbytes)
     busy = timer.net.busy_fractions(time)
     n = topology.nranks
     dims = tuple(DimensionUsage(topology.dim_name(d), timer.net.dim_bytes[d] / n, busy[d]) for d in range(topology.ndims))
-    return SimResult(plan.collective, nbytes, n, time, None if bound is None else bound.total_us, 1, dims, (),
-                     one_protocol_bound_us(topology, plan.collective, nbytes))
+    # T_LB1 is the limit of a one-protocol GPU-side program: it does not judge a plan that reduces in the switch
+    one = None if timer.switch_dims else one_protocol_bound_us(topology, plan.collective, nbytes)
+    return SimResult(plan.collective, nbytes, n, time, None if bound is None else bound.total_us, 1, dims,
+                     tuple(timer.intervals), one)

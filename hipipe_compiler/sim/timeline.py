@@ -121,16 +121,56 @@ def render_timeline(result: SimResult, program: Program, topology: Topology, pat
                     ranks: Sequence[int] = (0,), per_rank: bool = False) -> int:
     """Draw the timeline of `ranks`' sends to a PNG or SVG file (written atomically); returns
     the number of bars drawn."""
-    fmt = check_picture_path(path)
+    check_picture_path(path)
     if per_rank and len(ranks) > MAX_RANK_ROWS:
         raise InputError(None, "--rank", f"expected at most {MAX_RANK_ROWS} ranks for per-rank rows, got {len(ranks)}")
+    bars = timeline_bars(result, program, topology, ranks, per_rank)
+    who = ", ".join(str(r) for r in ranks) if len(ranks) <= 8 else f"{len(ranks)} ranks"
+    title = (f"{program.name}: {program.collective} of {format_size(result.nbytes)} on {topology.label}, "
+             f"{result.iterations} iteration(s); messages sent by rank {who}")
+    kinds = [("reduce-scatter (receiver reduces)", True), ("all-gather (receiver copies)", False)]
+    return _draw(bars, _row_order(bars, topology), title, result, path, kinds, "cell")
+
+
+#: The rows of a plan's timeline, in order: what each kind of message is called.
+PLAN_KINDS = {True: "switch reduce", None: "sends", False: "multicast"}
+
+
+def plan_timeline_bars(result: SimResult, topology: Topology, ranks: Sequence[int] = (0,)) -> list[Bar]:
+    """The bars of the messages `ranks` issued, from a time_plan(..., record=True) result: rows
+    "<dimension> switch reduce|sends|multicast", coloured by the ordinal of their operation
+    (in a pipeline, the chunk)."""
+    if not result.intervals:
+        raise ValueError("no recorded messages: time the plan with record=True")
+    wanted = set(ranks)
+    return [Bar(f"{topology.dim_name(iv.dim)} {PLAN_KINDS[iv.reduce]}", iv.start_us, iv.end_us, iv.iteration,
+                iv.reduce is not False, iv.src, iv.dim) for iv in result.intervals if iv.src in wanted]
+
+
+def render_plan_timeline(result: SimResult, name: str, topology: Topology, path: str | Path,
+                         ranks: Sequence[int] = (0,)) -> int:
+    """Draw the timeline of an MSCCL++ plan's messages issued by `ranks` (switch reduces, puts,
+    multicast stores) to a PNG or SVG file; returns the number of bars drawn."""
+    check_picture_path(path)
+    bars = plan_timeline_bars(result, topology, ranks)
+    order = list(PLAN_KINDS.values())
+    rows = sorted({b.row for b in bars}, key=lambda row: (row.split(" ", 1)[0] != topology.dim_name(0),
+                                                          order.index(row.split(" ", 1)[1])))
+    who = ", ".join(str(r) for r in ranks) if len(ranks) <= 8 else f"{len(ranks)} ranks"
+    title = f"{name}: {result.collective} of {format_size(result.nbytes)} on {topology.label}; issued by rank {who}"
+    kinds = [("switch reduce, put", True), ("multicast store", False)]
+    return _draw(bars, rows, title, result, path, kinds, "operation")
+
+
+def _draw(bars: Sequence[Bar], rows: Sequence[str], title: str, result: SimResult, path: str | Path,
+          kinds: Sequence[tuple[str, bool]], colour_label: str) -> int:
+    """The picture: one row per name, bars in lanes where they overlap, coloured by `chunk`."""
+    fmt = check_picture_path(path)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    bars = timeline_bars(result, program, topology, ranks, per_rank)
-    rows = _row_order(bars, topology)
     cmap = plt.get_cmap("tab20")
     fig, ax = plt.subplots(figsize=(12, 1.2 + 0.45 * len(rows)))
     for y, row in enumerate(rows):
@@ -147,13 +187,10 @@ def render_timeline(result: SimResult, program: Program, topology: Topology, pat
     ax.set_xlim(0, result.time_us * 1.01)
     ax.set_xlabel("time (µs)")
     ax.grid(True, axis="x", alpha=0.3)
-    who = ", ".join(str(r) for r in ranks) if len(ranks) <= 8 else f"{len(ranks)} ranks"
-    ax.set_title(f"{program.name}: {program.collective} of {format_size(result.nbytes)} on {topology.label}, "
-                 f"{result.iterations} iteration(s); messages sent by rank {who}", fontsize=9)
+    ax.set_title(title, fontsize=9)
     chunks = sorted({b.chunk for b in bars})
-    handles = [Patch(color="0.3", label="reduce-scatter (receiver reduces)"),
-               Patch(facecolor="0.3", alpha=0.55, hatch="///", label="all-gather (receiver copies)")]
-    handles += [Patch(color=cmap(c % 20), label=f"cell {c}") for c in chunks[:12]]
+    handles = [Patch(color="0.3", label=kinds[0][0]), Patch(facecolor="0.3", alpha=0.55, hatch="///", label=kinds[1][0])]
+    handles += [Patch(color=cmap(c % 20), label=f"{colour_label} {c}") for c in chunks[:12]]
     ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     caption = f"T = {result.time_us:,.1f} µs"
     if result.lower_bound_us is not None:

@@ -141,9 +141,39 @@ def test_the_readme_pictures_come_from_the_samples(tmp_path):
     """The script draws both kinds; the committed copies are real pictures the README shows."""
     make = load_make_pictures()
     check_png(make.timeline(tmp_path))
+    check_png(make.nvls_timeline(tmp_path))
     check_png(make.busbw(tmp_path, sizes=(64 << 10, 1 << 20)), min_width=1000)  # two cheap windows draw the same axes
     readme = (REPO / "README.md").read_text()
     for name in ("timeline-dgx-h100-8x4-256MiB.png", "busbw-samples.png"):
         committed = REPO / "samples" / "pictures" / name
         check_png(committed)
         assert f"samples/pictures/{name}" in readme
+    check_png(REPO / "samples" / "pictures" / "timeline-nvls-dgx-h100-8x4-256MiB.png")
+    assert "timeline-nvls-dgx-h100-8x4-256MiB.png" in (REPO / "docs" / "user-guide.md").read_text()
+
+
+def test_a_plan_timeline_shows_the_switch_and_the_network_busy_at_once(tmp_path):
+    """An in-switch pipeline: rank 0's switch reduces, sends and multicast stores, with the
+    network carrying a chunk while the switch reduces a later one; drawn from the command line."""
+    from hipipe_compiler.mscclpp.nvls_pipeline import nvls_pipeline_plan
+    from hipipe_compiler.mscclpp.writer import write_plan
+    from hipipe_compiler.presets import preset
+    from hipipe_compiler.sim.plans import time_plan
+    from hipipe_compiler.sim.timeline import plan_timeline_bars
+
+    topo = preset("dgx-h100-8x4")
+    plan = nvls_pipeline_plan(topo, "pipeline", False, 8)
+    bars = plan_timeline_bars(time_plan(plan, topo, 64 << 20, record=True), topo)
+    assert {b.row for b in bars} == {"nvlink switch reduce", "net sends", "nvlink multicast"}
+    reduces = sorted((b for b in bars if b.row == "nvlink switch reduce"), key=lambda b: b.start_us)
+    sends = [b for b in bars if b.row == "net sends"]
+    assert [b.chunk for b in reduces] == list(range(8))
+    assert any(s.start_us < r.end_us and r.start_us < s.end_us for r in reduces[1:] for s in sends)
+    path = tmp_path / "p.json"
+    path.write_text(write_plan(plan))
+    png = tmp_path / "p.png"
+    done = run_hipipe("simulate", path, "--topo", "dgx-h100-8x4", "--size", "64MiB", "--timeline", png)
+    assert done.returncode == 0, done.stderr
+    check_png(png)
+    bad = run_hipipe("simulate", path, "--topo", "dgx-h100-8x4", "--size", "64MiB", "--timeline", png, "--rank", "32")
+    assert bad.returncode == 2 and "--rank" in bad.stderr

@@ -127,77 +127,102 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         if best is None:
             raise error or PlanError(f"window {cw.window.label}: no plan")
         program, plan, result, size, schedule = best
-        switched = _in_switch(topology, options, plan, result.time_us, lo, hi, watch) if in_switch else None
-        if switched is not None:
-            build, result, size = switched
-            plans = tuple(replace(build(m), name=_name(topology, options.collective, index, lo, hi, m),
-                                  min_message_size=lo, max_message_size=hi) for m in (False, True))
-            plan = plans[0]
-        else:
-            plans = tuple(replace(plan, name=_name(topology, options.collective, index, lo, hi, m), inplace=m)
-                          for m in _modes(program))
-        report = Report((), ())
-        if options.check:
-            with watch.phase("verify"):
-                for p in plans:
-                    report = verify_plan(p, layouts_of(p, aliased=program.inplace))
-                    if not report.ok:
-                        raise VerificationFailed(cw.window, report)
-        with watch.phase("predict"):
-            xml = simulate_program(program, topology, size)
-        details = {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
-                   "utilisation": result.utilisation, "utilisation1": result.utilisation1, "xml_us": xml,
-                   "size_multiple": size_multiple(plan)}
-        if switched is not None:
-            one_node = switch_domain(topology) is not None
-            chunks = len(plan.gpus[0].threadblocks) if one_node else plan.gpus[0].scratch_chunks // Shape(
-                0, topology.dimensions[-1].size, 1).block
-            details["choice"] = ("in-switch (glres on one NVLS domain)" if one_node else
-                                 f"in-switch pipeline ({chunks} chunks: switch, network, multicast)")
-            # what the summary says of the window is the plan's, not the search's schedule's
-            details.update(chunks=str(chunks), chunk_units=[1] * chunks, orders=[], fold=[],
-                           element_multiple=size_multiple(plan) // 4, channels=len(plan.gpus[0].peers("memory"))
-                           + len(plan.gpus[0].peers("port")) + len(plan.gpus[0].switch_groups()))
-        elif schedule in fallbacks:
-            details["choice"] = f"{schedule.label} (search's pick does not fit)"
-            with watch.phase("predict"):  # what the stand-in costs against the search's own program
-                details["search_xml_us"] = simulate_program(cw.program, topology, size)
-        window = replace(cw, program=program, plan=schedule, report=report,
-                         details={**{k: v for k, v in cw.details.items() if k not in details}, **details})
-        out.append(CompiledPlans(window, program, plans, report, details))
+        switched = _in_switch(topology, options, plan, lo, hi, watch) if in_switch else None
+        # the in-switch plan takes the window from where it is faster; the GPU-side plan keeps the rest
+        segments = [(lo, hi, None)] if switched is None else (
+            [(lo, switched[1] - 1, None)] * (switched[1] > lo) + [(switched[1], hi, switched[0])])
+        for seg_lo, seg_hi, build in segments:
+            if build is None:
+                plans = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
+                                      min_message_size=seg_lo, max_message_size=seg_hi) for m in _modes(program))
+            else:
+                plans = tuple(replace(build(m), name=_name(topology, options.collective, index, seg_lo, seg_hi, m),
+                                      min_message_size=seg_lo, max_message_size=seg_hi) for m in (False, True))
+            at = timed_size(plans[0], seg_hi)
+            with watch.phase("predict"):
+                timed = result if build is None and at == size else time_plan(plans[0], topology, at)
+            out.append(_finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi), program,
+                               plans, timed, at, schedule, schedule in fallbacks and build is None, build is not None,
+                               watch))
     return out
+
+
+def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,
+            plans: tuple[ExecutionPlan, ...], result: Any, size: int, schedule: Any, stand_in: bool, switched: bool,
+            watch: Stopwatch) -> CompiledPlans:
+    """One window's plans proven, and what the summary says of them."""
+    plan = plans[0]
+    report = Report((), ())
+    if options.check:
+        with watch.phase("verify"):
+            for p in plans:
+                report = verify_plan(p, layouts_of(p, aliased=program.inplace))
+                if not report.ok:
+                    raise VerificationFailed(window, report)
+    with watch.phase("predict"):
+        xml = simulate_program(program, topology, size)
+    details = {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
+               "utilisation": result.utilisation, "utilisation1": result.utilisation1, "xml_us": xml,
+               "size_multiple": size_multiple(plan)}
+    if switched:
+        one_node = switch_domain(topology) is not None
+        chunks = len(plan.gpus[0].threadblocks) if one_node else plan.gpus[0].scratch_chunks // Shape(
+            0, topology.dimensions[-1].size, 1).block
+        details["choice"] = ("in-switch (glres on one NVLS domain)" if one_node else
+                             f"in-switch pipeline ({chunks} chunks: switch, network, multicast)")
+        # what the summary says of the window is the plan's, not the search's schedule's
+        details.update(chunks=str(chunks), chunk_units=[1] * chunks, orders=[], fold=[],
+                       element_multiple=size_multiple(plan) // 4, channels=len(plan.gpus[0].peers("memory"))
+                       + len(plan.gpus[0].peers("port")) + len(plan.gpus[0].switch_groups()))
+    elif stand_in:
+        details["choice"] = f"{schedule.label} (search's pick does not fit)"
+        with watch.phase("predict"):  # what the stand-in costs against the search's own program
+            details["search_xml_us"] = simulate_program(cw.program, topology, size)
+    compiled = replace(cw, window=window, program=program, plan=schedule, report=report,
+                       details={**{k: v for k, v in cw.details.items() if k not in details}, **details})
+    return CompiledPlans(compiled, program, plans, report, details)
 
 
 Builder = Callable[[bool], ExecutionPlan]
 
 
-def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, translated_us: float, lo: int,
-               hi: int, watch: Stopwatch) -> tuple[Builder, Any, int] | None:
-    """The best in-switch plan of an all-reduce window (as a builder per buffer mode), its time
-    and the size it was timed at: the one with the largest mean gain over the translated plan
-    at the window's smallest and largest sizes that both run, where it is faster at both."""
+def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
+               watch: Stopwatch) -> tuple[Builder, int] | None:
+    """The in-switch plan of an all-reduce window that is fastest at its largest size (as a
+    builder per buffer mode), and the smallest size from which it beats the translated plan at
+    every power of two up to that largest size; None where it does not beat it there."""
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
         return None
+    mine: dict[int, float] = {}
+
+    def translated_us(size: int) -> float:
+        if size not in mine:
+            mine[size] = time_plan(translated, topology, size).time_us
+        return mine[size]
+
     best = None
-    mine: dict[int, float] = {timed_size(translated, hi): translated_us}
-    for build in switch_candidates(topology, translated.name):
-        plan = build(False)
-        both = math.lcm(size_multiple(plan), size_multiple(translated))
-        top = hi - hi % both
-        if top < max(lo, both):
-            continue
-        ends = sorted({top, max(both, lo + -lo % both)})
-        with watch.phase("predict"):
-            results = [time_plan(plan, topology, size) for size in ends]
-            for size in ends:
-                if size not in mine:
-                    mine[size] = time_plan(translated, topology, size).time_us
-        gains = [mine[size] / r.time_us for size, r in zip(ends, results)]
-        gain = math.prod(gains) ** (1 / len(gains))
-        if min(gains) > 1 and (best is None or gain > best[0]):
-            best = (gain, build, results[-1], top)
-    return None if best is None else best[1:]
+    with watch.phase("predict"):
+        for build in switch_candidates(topology, translated.name):
+            plan = build(False)
+            both = math.lcm(size_multiple(plan), size_multiple(translated))
+            top = hi - hi % both
+            if top < max(lo, both):
+                continue
+            gain = translated_us(top) / time_plan(plan, topology, top).time_us
+            if gain > 1 and (best is None or gain > best[0]):
+                best = (gain, build, plan, both, top)
+        if best is None:
+            return None
+        _gain, build, plan, both, top = best
+        start = top
+        lower = sorted({max(both, lo + -lo % both)} | {1 << k for k in range(lo.bit_length(), top.bit_length())
+                                                        if lo <= 1 << k < top and (1 << k) % both == 0})
+        for size in reversed(lower):
+            if size >= top or time_plan(plan, topology, size).time_us >= translated_us(size):
+                break
+            start = size
+    return build, (lo if start <= max(both, lo + -lo % both) else start)
 
 
 def switch_candidates(topology: Topology, name: str) -> list[Builder]:

@@ -94,3 +94,12 @@ def test_a_directory_on_one_nvls_node_serves_large_all_reduces_in_the_switch(tmp
     assert timed.returncode == 0, timed.stderr
     result = json.loads(timed.stdout)
     assert result["utilisation"] >= 0.9
+
+
+def test_no_in_switch_compiles_gpu_side_plans_only(tmp_path):
+    out = tmp_path / "plans"
+    done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--sizes", "64MiB:256MiB", "--min-speedup", "0",
+                      "--no-in-switch", "-o", out)
+    assert done.returncode == 0, done.stderr
+    entries = json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]
+    assert entries and not any(e["in_switch"] for e in entries)

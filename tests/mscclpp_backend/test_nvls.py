@@ -229,3 +229,36 @@ def test_every_mutation_of_a_pipeline_is_rejected(name):
     assert broken is not None and broken != plan
     found = proof(broken)
     assert found & rules, f"{name}: {sorted(found)}, expected one of {sorted(rules)}"
+
+
+def test_the_sharing_rule_costs_a_pipeline_more_than_its_nvlink_bytes():
+    """docs/mscclpp.md: with a network that never limits, a pipeline on four H100 nodes still
+    takes longer than its 1.25 M per NVLink port need at the in-switch rate."""
+    topo = preset("dgx-h100-8x4")
+    fast = replace(topo, dimensions=(topo.dimensions[0], replace(topo.dimensions[1], bandwidth=5000)))
+    dim = topo.dimensions[0]
+    need = 1.25 * (1 << 30) / (dim.nvls.efficiency * dim.bandwidth * 1e3)
+    assert time_plan(nvls_pipeline_plan(fast, "p", False, 32), fast, 1 << 30).time_us > 1.05 * need
+
+
+def test_a_window_is_split_where_the_switch_starts_to_pay():
+    """The directory's windows stay contiguous, and every in-switch plan beats the plan the
+    directory would serve without in-switch plans at the smallest size it serves."""
+    from hipipe_compiler.compiler import CompileOptions
+    from hipipe_compiler.plan_compiler import compile_plans, size_multiple
+
+    topo = preset("dgx-h100-8x1")
+    lo, hi = 1 << 20, 1 << 30
+    ours = compile_plans(topo, CompileOptions(), lo, hi)
+    gpu = compile_plans(topo, CompileOptions(), lo, hi, in_switch=False)
+    spans = [(cp.plans[0].min_message_size, cp.plans[0].max_message_size) for cp in ours]
+    assert spans[0][0] == lo and spans[-1][1] == hi
+    assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))
+    switched = [cp for cp in ours if cp.details.get("choice", "").startswith("in-switch")]
+    assert switched and len(ours) > len(gpu)
+    for cp in switched:
+        plan = cp.plans[0]
+        size = plan.min_message_size + -plan.min_message_size % size_multiple(plan)
+        other = next(g.plans[0] for g in gpu if g.plans[0].min_message_size <= size <= g.plans[0].max_message_size)
+        assert size % size_multiple(other) == 0
+        assert time_plan(plan, topo, size).time_us < time_plan(other, topo, size).time_us

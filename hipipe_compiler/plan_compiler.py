@@ -127,10 +127,11 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         if best is None:
             raise error or PlanError(f"window {cw.window.label}: no plan")
         program, plan, result, size, schedule = best
-        switched = _in_switch(topology, options, plan, lo, hi, watch) if in_switch else None
-        # the in-switch plan takes the window from where it is faster; the GPU-side plan keeps the rest
-        segments = [(lo, hi, None)] if switched is None else (
-            [(lo, switched[1] - 1, None)] * (switched[1] > lo) + [(switched[1], hi, switched[0])])
+        switched = _in_switch(topology, options, plan, lo, hi, watch) if in_switch else []
+        # in-switch plans take the window from where they are faster; the GPU-side plan keeps the rest
+        starts = [start for start, _b in switched] + [hi + 1]
+        segments = [(lo, starts[0] - 1, None)] * (starts[0] > lo) + [
+            (start, starts[k + 1] - 1, build) for k, (start, build) in enumerate(switched)]
         for seg_lo, seg_hi, build in segments:
             if build is None:
                 plans = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
@@ -187,42 +188,36 @@ Builder = Callable[[bool], ExecutionPlan]
 
 
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
-               watch: Stopwatch) -> tuple[Builder, int] | None:
-    """The in-switch plan of an all-reduce window that is fastest at its largest size (as a
-    builder per buffer mode), and the smallest size from which it beats the translated plan at
-    every power of two up to that largest size; None where it does not beat it there."""
+               watch: Stopwatch) -> list[tuple[int, Builder]]:
+    """Where in-switch plans serve an all-reduce window: (from which size, which plan as a
+    builder per buffer mode), ascending. The window is cut at powers of two; from the top
+    piece down, each piece takes the in-switch plan with the largest gain over the translated
+    plan at the piece's largest size, until a piece where none beats it. Adjacent pieces with
+    the same plan merge."""
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
-        return None
-    mine: dict[int, float] = {}
-
-    def translated_us(size: int) -> float:
-        if size not in mine:
-            mine[size] = time_plan(translated, topology, size).time_us
-        return mine[size]
-
-    best = None
+        return []
+    candidates = [(build, build(False)) for build in switch_candidates(topology, translated.name)]
+    both = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
+    cuts = [1 << k for k in range(lo.bit_length(), hi.bit_length()) if lo < 1 << k <= hi]
+    pieces = list(zip([lo, *cuts], [c - 1 for c in cuts] + [hi]))
+    won: list[tuple[int, int]] = []  # (piece start, candidate), from the top down
     with watch.phase("predict"):
-        for build in switch_candidates(topology, translated.name):
-            plan = build(False)
-            both = math.lcm(size_multiple(plan), size_multiple(translated))
-            top = hi - hi % both
-            if top < max(lo, both):
-                continue
-            gain = translated_us(top) / time_plan(plan, topology, top).time_us
-            if gain > 1 and (best is None or gain > best[0]):
-                best = (gain, build, plan, both, top)
-        if best is None:
-            return None
-        _gain, build, plan, both, top = best
-        start = top
-        lower = sorted({max(both, lo + -lo % both)} | {1 << k for k in range(lo.bit_length(), top.bit_length())
-                                                        if lo <= 1 << k < top and (1 << k) % both == 0})
-        for size in reversed(lower):
-            if size >= top or time_plan(plan, topology, size).time_us >= translated_us(size):
+        for start, end in reversed(pieces):
+            size = end - end % both
+            if size < max(start, both):
                 break
-            start = size
-    return build, (lo if start <= max(both, lo + -lo % both) else start)
+            mine = time_plan(translated, topology, size).time_us
+            gains = [mine / time_plan(plan, topology, size).time_us for _b, plan in candidates]
+            best = max(range(len(gains)), key=gains.__getitem__)
+            if gains[best] <= 1:
+                break
+            won.append((start, best))
+    segments: list[tuple[int, Builder]] = []
+    for start, best in reversed(won):
+        if not segments or segments[-1][1] is not candidates[best][0]:
+            segments.append((start, candidates[best][0]))
+    return segments
 
 
 def switch_candidates(topology: Topology, name: str) -> list[Builder]:

@@ -14,6 +14,7 @@ Regenerate the results, then the README:
     python benchmarks/coverage.py --save
     python benchmarks/zoo.py --save                 # tens of minutes
     python benchmarks/search_reference.py --save    # tens of minutes
+    python benchmarks/nvls_plans.py --save          # minutes
     python benchmarks/readme_tables.py            # rewrites README.md and docs/pytorch.md; --check only compares
 
 tests/test_readme_results.py checks that README.md is what this renders, and re-runs a few
@@ -39,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "samples" / "results"
 README = REPO / "README.md"
 #: The documents with generated parts.
-DOCUMENTS = (README, REPO / "docs" / "pytorch.md")
+DOCUMENTS = (README, REPO / "docs" / "pytorch.md", REPO / "docs" / "mscclpp.md")
 GRID_ROWS = {
     "C1": "C1: 8 × 4, NVSwitch + IB", "C3": "C3: 4 × 4 torus", "C5": "C5: 4 × 4 × 4 torus, falling bandwidth",
     "C6": "C6: 2 ring × 8 FC × 4 switch",
@@ -269,7 +270,12 @@ def coverage_cost(runs: list[dict]) -> str:
 
 def _zoo():
     """benchmarks/zoo.py, which defines the zoo and its summary."""
-    spec = importlib.util.spec_from_file_location("zoo", REPO / "benchmarks" / "zoo.py")
+    return _benchmark("zoo")
+
+
+def _benchmark(name: str):
+    """A script of benchmarks/ as a module."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -303,6 +309,21 @@ def search_reference(path: Path = RESULTS / "search-reference.csv") -> str:
             f"{worst[1]} {size_label(worst[2])})")
 
 
+def nvls_plans(path: Path = RESULTS / "nvls-plans.json") -> str:
+    """The in-switch plans against NCCL's pick on the calibrated H100 machines (benchmarks/nvls_plans.py)."""
+    bench = _benchmark("nvls_plans")
+    rows = json.loads(path.read_text())
+    verdicts = "\n".join(f"- {text}: **{'holds' if holds else 'missed'}**" for text, holds in bench.verdicts(rows))
+    return f"{bench.table(rows)}\n\n{verdicts}"
+
+
+def nvls_summary(path: Path = RESULTS / "nvls-plans.json") -> str:
+    """The MSCCL++ directory's speedup over NCCL's pick at 1 GiB per H100 machine, with in-switch plans."""
+    rows = [r for r in json.loads(path.read_text()) if r["nbytes"] == 1 << 30]
+    parts = [f"{r['nccl_us'] / r['ours_us']:.2f}x on {r['nodes']} node{'s' if r['nodes'] > 1 else ''}" for r in rows]
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
 def sections() -> dict[str, str]:
     points = grid_points()
     machines = grid_points(RESULTS / "bench-machines.csv")
@@ -313,7 +334,8 @@ def sections() -> dict[str, str]:
             "machines": machines_table(machines),
             "fidelity": fidelity_table(), "fidelity-held": fidelity_summary(),
             "protocol-targets": protocol_targets(points), "zoo": zoo_table(), "zoo-slower": zoo_slower(),
-            "search-reference": search_reference(),
+            "search-reference": search_reference(), "nvls-plans": nvls_plans(),
+            "nvls-summary": nvls_summary(),
             "coverage": coverage_table(coverage), "coverage-cost": coverage_cost(coverage)}
 
 

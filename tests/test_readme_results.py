@@ -206,3 +206,20 @@ def test_hipipe_is_never_slower_than_a_baseline_on_the_zoo():
         for name, row in algos.items():
             if row["time_us"] and name != "nccl":
                 assert ours <= float(row["time_us"]) * (1 + 1e-9), (topology, nbytes, name)
+
+
+def test_an_in_switch_point_reproduces():
+    """The saved in-switch comparison (benchmarks/nvls_plans.py): one node at 1 GiB is served
+    by the one-node in-switch plan, whose time and NCCL's re-time to the saved numbers."""
+    from hipipe_compiler.mscclpp.nvls import nvls_allreduce_plan
+    from hipipe_compiler.nccl.timing import NcclTimer
+    from hipipe_compiler.plan_compiler import SWITCH_THREADBLOCKS
+    from hipipe_compiler.presets import preset
+    from hipipe_compiler.sim.plans import time_plan
+    rows = json.loads((RESULTS / "nvls-plans.json").read_text())
+    row = next(r for r in rows if r["machine"] == "dgx-h100-8x1" and r["nbytes"] == 1 << 30)
+    assert row["choice"].startswith("in-switch")
+    topo = preset("dgx-h100-8x1")
+    plan = nvls_allreduce_plan(topo, "p", False, SWITCH_THREADBLOCKS)
+    assert time_plan(plan, topo, row["timed_at"]).time_us == pytest.approx(row["ours_us"], rel=1e-9)
+    assert NcclTimer(topo, "allreduce").pick(row["timed_at"]).time_us == pytest.approx(row["nccl_us"], rel=1e-9)

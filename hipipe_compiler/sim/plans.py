@@ -15,7 +15,8 @@ What each operation costs (docs/mscclpp.md of the project has the table):
 - `glres` is a switch reduce over its source's group and a multicast store to its
   destination's, both moving at once (each thread stores what its load-reduce returned);
   `gstore` is a multicast store (cost-model.md section 5). A switch channel's group must be
-  the ranks of one dimension with `nvls`;
+  the ranks of one dimension with `nvls`, or, as a `glres` destination, its GPU alone (a
+  store through the switch it reduced on);
 - every threadblock starts after the call cost of the plan's protocol, plus the in-switch
   call cost where the plan has switch channels.
 

@@ -156,9 +156,9 @@ def test_no_schedule_of_the_family_beats_the_limit(name):
                                          ("4x2-nvls", 1.15), ("8x2-h100-like", 1.15)])
 def test_pipelined_in_switch_schedules_come_close_to_the_limit(name, within):
     """The limit is not loose: with 16 chunks a schedule of the family comes within 8 % of it
-    at 256 MiB on one switch, and within 15 % on two dimensions (1.13 on the H100-like one;
-    64 chunks bring that to 1.09, and the rest is the sharing rule of cost-model.md section
-    2: a multicast store behind eight switch reduces on a port gets a ninth of it)."""
+    at 256 MiB on one switch, and within 15 % on two dimensions (pipeline fill, and the
+    sharing rule of cost-model.md section 2: a multicast store behind eight switch reduces on
+    a port gets a ninth of it)."""
     topo, nbytes = SMALL[name], 256 << 20
     best = min(_time(topo, nbytes, schedule) for _label, schedule in family(topo, chunk_counts=(16,)))
     bound = lower_bound_us(topo, "allreduce", nbytes)

@@ -25,7 +25,7 @@ from .errors import InputError, PlanError
 from .msccl.program import Program
 from .msccl.verify import Report
 from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
-from .mscclpp.nvls_pipeline import Shape, nvls_pipeline_plan, pipeline_shape
+from .mscclpp.nvls_pipeline import describe, nvls_pipeline_plan, pipeline_shape, staggered
 from .mscclpp.plan import ExecutionPlan
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
@@ -42,8 +42,10 @@ MSCCLPP_COMMIT = "1f5f065d"
 PLAN_PROTOCOLS = ("Simple", "LL")
 #: Threadblocks of an in-switch plan: as many as NCCL's NVLS runs channels on an H100 node.
 SWITCH_THREADBLOCKS = 16
-#: Pipeline chunks per GPU an in-switch pipeline tries, per window.
+#: Pipeline chunks per GPU an in-switch pipeline tries, per window, with one lane of switch
+#: operations, and with two staggered ones (whose latencies then hide behind each other's bytes).
 PIPELINE_CHUNKS = (4, 8, 16, 32, 64)
+STAGGERED_CHUNKS = (16, 32, 64)
 
 
 @dataclass(frozen=True)
@@ -167,12 +169,12 @@ def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, win
                "size_multiple": size_multiple(plan)}
     if switched:
         one_node = switch_domain(topology) is not None
-        chunks = len(plan.gpus[0].threadblocks) if one_node else plan.gpus[0].scratch_chunks // Shape(
-            0, topology.dimensions[-1].size, 1).block
+        units, lanes = ((1,) * len(plan.gpus[0].threadblocks), 1) if one_node else describe(plan)
+        in_lanes = f" in {lanes} lanes" if lanes > 1 else ""
         details["choice"] = ("in-switch (glres on one NVLS domain)" if one_node else
-                             f"in-switch pipeline ({chunks} chunks: switch, network, multicast)")
+                             f"in-switch pipeline ({len(units)} chunks{in_lanes}: switch, network, multicast)")
         # what the summary says of the window is the plan's, not the search's schedule's
-        details.update(chunks=str(chunks), chunk_units=[1] * chunks, orders=[], fold=[],
+        details.update(chunks=str(len(units)), chunk_units=list(units), orders=[], fold=[],
                        element_multiple=size_multiple(plan) // 4, channels=len(plan.gpus[0].peers("memory"))
                        + len(plan.gpus[0].peers("port")) + len(plan.gpus[0].switch_groups()))
     elif stand_in:
@@ -231,7 +233,9 @@ def switch_candidates(topology: Topology, name: str) -> list[Builder]:
         pipeline_shape(topology, 1)
     except PlanError:
         return []
-    return [lambda inplace, c=c: nvls_pipeline_plan(topology, name, inplace, c) for c in PIPELINE_CHUNKS]
+    return ([lambda inplace, c=c: nvls_pipeline_plan(topology, name, inplace, c) for c in PIPELINE_CHUNKS]
+            + [lambda inplace, c=c: nvls_pipeline_plan(topology, name, inplace, c, 2, staggered(c, 2))
+               for c in STAGGERED_CHUNKS])
 
 
 def simulate_program(program: Program, topology: Topology, nbytes: int) -> float:

@@ -35,32 +35,46 @@ _FIXED = {"reduce": 10, "network": 5, "store": 11}
 
 @dataclass(frozen=True)
 class Shape:
-    """The node size n, the node count K, and the pipeline chunks per GPU."""
+    """The node size n, the node count K, and the pipeline chunks per GPU, each `units[j]`
+    plan chunks long per node (one each where units is empty)."""
 
     n: int
     nodes: int
     chunks: int
+    units: tuple[int, ...] = ()
+
+    def size(self, j: int) -> int:
+        """Plan chunks of one part (one node's) of pipeline chunk j."""
+        return self.units[j] if self.units else 1
+
+    @property
+    def total(self) -> int:
+        """Plan chunks of one part of every pipeline chunk."""
+        return sum(self.units) if self.units else self.chunks
+
+    def _before(self, j: int) -> int:
+        return sum(self.units[:j]) if self.units else j
 
     def chunk(self, h: int, j: int, part: int = 0) -> int:
-        """Input (and output) chunk of part `part` of pipeline chunk j of GPU h's share."""
-        return (h * self.chunks + j) * self.nodes + part
+        """Input (and output) chunk where part `part` of pipeline chunk j of GPU h's share starts."""
+        return (h * self.total + self._before(j)) * self.nodes + part * self.size(j)
 
     @property
     def block(self) -> int:
-        """Scratch chunks per pipeline chunk: the node's sum, the parts received, the sums."""
+        """Scratch parts per pipeline chunk: the node's sum, the parts received, the sums."""
         return 3 * self.nodes - 1
 
     def node_sum(self, j: int, part: int) -> int:
-        return j * self.block + part
+        return self._before(j) * self.block + part * self.size(j)
 
     def received(self, j: int, receiver: int, sender: int) -> int:
-        return j * self.block + self.nodes + (sender if sender < receiver else sender - 1)
+        return self._before(j) * self.block + (self.nodes + (sender if sender < receiver else sender - 1)) * self.size(j)
 
     def summed(self, j: int, part: int) -> int:
-        return j * self.block + 2 * self.nodes - 1 + part
+        return self._before(j) * self.block + (2 * self.nodes - 1 + part) * self.size(j)
 
 
-def pipeline_shape(topology: Topology, chunks: int) -> Shape:
+def pipeline_shape(topology: Topology, chunks: int, units: tuple[int, ...] = ()) -> Shape:
     """The shape of a plan on this topology, or PlanError where it has none."""
     dims = topology.dimensions
     if len(dims) != 2 or dims[0].nvls is None or dims[1].kind != "switch":
@@ -71,7 +85,9 @@ def pipeline_shape(topology: Topology, chunks: int) -> Shape:
     if not 1 <= chunks or _split(chunks, "network") > MAX_SEMAPHORES_PER_OP:
         raise PlanError(f"{chunks} pipeline chunks: expected 1 to {MAX_SEMAPHORES_PER_OP * _PER_TB['network']}, so "
                         "that a store threadblock releases every network one in one operation")
-    return Shape(n, nodes, chunks)
+    if units and (len(units) != chunks or min(units) < 1):
+        raise PlanError(f"chunk sizes {units}: expected {chunks} positive numbers")
+    return Shape(n, nodes, chunks, units)
 
 
 #: Chunks one threadblock of each stage holds within the executor's operation limit.
@@ -83,37 +99,72 @@ def _split(chunks: int, stage: str) -> int:
     return -(-chunks // _PER_TB[stage])
 
 
-def nvls_pipeline_plan(topology: Topology, name: str, inplace: bool, chunks: int,
-                       min_message_size: int = 0, max_message_size: int = MAX_MESSAGE_SIZE) -> ExecutionPlan:
-    """Every rank's plan; PlanError where the topology does not have this shape."""
-    shape = pipeline_shape(topology, chunks)
-    counts = {stage: _split(chunks, stage) for stage in ("reduce", "network", "store")}
-    gpus = tuple(_gpu(topology, shape, counts, rank, inplace) for rank in range(topology.nranks))
+def nvls_pipeline_plan(topology: Topology, name: str, inplace: bool, chunks: int, lanes: int = 1,
+                       units: tuple[int, ...] = (), min_message_size: int = 0,
+                       max_message_size: int = MAX_MESSAGE_SIZE) -> ExecutionPlan:
+    """Every rank's plan; PlanError where the topology does not have this shape. The switch
+    stages work on `lanes` chunks at once, so that one chunk's latency hides behind another's
+    bytes; `units` sizes the chunks (equal where empty)."""
+    shape = pipeline_shape(topology, chunks, units)
+    if not 1 <= lanes <= chunks:
+        raise PlanError(f"{lanes} lanes for {chunks} pipeline chunks: expected 1 to {chunks}")
+    stages = {"reduce": _stage_blocks(chunks, lanes, "reduce"), "network": _network_blocks(chunks),
+              "store": _stage_blocks(chunks, lanes, "store")}
+    if len(stages["store"]) > MAX_SEMAPHORES_PER_OP:
+        raise PlanError(f"{chunks} pipeline chunks in {lanes} lanes: more than {MAX_SEMAPHORES_PER_OP} store "
+                        "threadblocks, which every network threadblock must wait for in one operation")
+    gpus = tuple(_gpu(topology, shape, stages, rank, inplace) for rank in range(topology.nranks))
     return ExecutionPlan(name, "allreduce", "Simple", inplace, gpus, min_message_size=min_message_size,
                          max_message_size=max_message_size)
 
 
-def _gpu(topology: Topology, shape: Shape, counts: dict[str, int], rank: int, inplace: bool) -> GpuPlan:
+@dataclass(frozen=True)
+class Block:
+    """One threadblock of a stage: its chunks, in order, and the threadblock of the same lane
+    that must finish its chunks first (None for a lane's first)."""
+
+    chunks: tuple[int, ...]
+    after: int | None = None
+
+
+Blocks = tuple[Block, ...]
+
+
+def _stage_blocks(chunks: int, lanes: int, stage: str) -> Blocks:
+    """A switch stage's threadblocks: lane l takes every lanes-th chunk from l, in order, in as
+    many threadblocks one after the other as the operation limit needs."""
+    blocks: list[Block] = []
+    for lane in range(lanes):
+        mine = tuple(range(lane, chunks, lanes))
+        for i in range(0, len(mine), _PER_TB[stage]):
+            blocks.append(Block(mine[i:i + _PER_TB[stage]], len(blocks) - 1 if i else None))
+    return tuple(blocks)
+
+
+def _network_blocks(chunks: int) -> Blocks:
+    """The network threadblocks take the chunks in turns."""
+    count = _split(chunks, "network")
+    return tuple(Block(tuple(range(b, chunks, count))) for b in range(count))
+
+
+def _gpu(topology: Topology, shape: Shape, stages: dict[str, Blocks], rank: int, inplace: bool) -> GpuPlan:
     h, k = topology.coord(rank, 0), topology.coord(rank, 1)
     node = topology.group(rank, 0)
     rail = topology.group(rank, 1)
     node_peers = tuple(p for p in node if p != rank)
     rail_peers = tuple(p for p in rail if p != rank)
-    nr, nn, ns = counts["reduce"], counts["network"], counts["store"]
-    # semaphores: reduce tb a -> network tb b, then network tb b -> store tb c
-    def sem_rn(a: int, b: int) -> int:
-        return a * nn + b
+    reduce_blocks, network_blocks, store_blocks = stages["reduce"], stages["network"], stages["store"]
+    nr, nn, ns = len(reduce_blocks), len(network_blocks), len(store_blocks)
+    semaphores: dict[tuple[object, ...], int] = {}
 
-    def sem_ns(b: int, c: int) -> int:
-        return nr * nn + b * ns + c
+    def sem(*key: object) -> int:
+        return semaphores.setdefault(key, len(semaphores))
 
-    def sem_done(c: int, b: int) -> int:  # store tb c has read every sum: network tb b may close
-        return nr * nn + nn * ns + c * nn + b
-
-    def baton(stage: str, t: int) -> int:  # the stage's threadblock t may start on its chunks
-        return nr * nn + 2 * nn * ns + (t - 1 if stage == "reduce" else nr - 1 + t - 1)
-
-    per_r, per_s = -(-shape.chunks // nr), -(-shape.chunks // ns)
+    def baton(stage: str, blocks: Blocks, t: int) -> tuple[list[Op], list[Op]]:
+        """What threadblock t of a switch stage acquires first and releases last: its lane's baton."""
+        take = [Op("sem_acquire", semaphore_ids=(sem(stage, t),)), Op("nop")] if blocks[t].after is not None else []
+        nxt = [u for u in range(t + 1, len(blocks)) if blocks[u].after == t]
+        return take, [Op("sem_release", semaphore_ids=(sem(stage, nxt[0]),))] if nxt else []
 
     # switch channels: the node over the input, this GPU alone over scratch, the node over the output
     switch = (Channel("switch", buffer_type="i", rank_groups=(node,)), Channel("switch", buffer_type="s",
@@ -127,60 +178,84 @@ def _gpu(topology: Topology, shape: Shape, counts: dict[str, int], rank: int, in
         groups = [tuple(range(i, min(i + MAX_CHANNELS_PER_OP, peers))) for i in range(0, peers, MAX_CHANNELS_PER_OP)]
         return [Op("signal", kind, g) for g in groups] + [Op("wait", kind, g) for g in groups]
 
-    # the reduce and store stages each work their chunks in order, one threadblock after the
+    # within a lane, the switch stages work their chunks in order, one threadblock after the
     # other (a baton semaphore), so that the pipeline is as deep as the chunk count
-    for a in range(nr):
-        ops: list[Op] = [*handshake("memory", len(node_peers)), Op("nop")]
-        ops += [Op("sem_acquire", semaphore_ids=(baton("reduce", a),)), Op("nop")] if a else []
-        for j in range(a * per_r, min(shape.chunks, (a + 1) * per_r)):
-            ops += [Op("glres", "switch", src=(Operand(None, shape.chunk(h, j), shape.nodes, switch_channel_id=0),),
-                       dst=(Operand(None, shape.node_sum(j, 0), shape.nodes, switch_channel_id=1),)),
-                    Op("nop"), Op("sem_release", semaphore_ids=(sem_rn(a, j % nn),))]
-        ops += [Op("sem_release", semaphore_ids=(baton("reduce", a + 1),))] if a + 1 < nr else []
-        ops += handshake("memory", len(node_peers))
+    for a, block in enumerate(reduce_blocks):
+        take, give = baton("reduce", reduce_blocks, a)
+        ops: list[Op] = [*handshake("memory", len(node_peers)), Op("nop"), *take]
+        for j in block.chunks:
+            whole = shape.nodes * shape.size(j)
+            ops += [Op("glres", "switch", src=(Operand(None, shape.chunk(h, j), whole, switch_channel_id=0),),
+                       dst=(Operand(None, shape.node_sum(j, 0), whole, switch_channel_id=1),)),
+                    Op("nop"), Op("sem_release", semaphore_ids=(sem("reduced", j),))]
+        ops += [*give, *handshake("memory", len(node_peers))]
         tbs.append(_tb(len(tbs), ops, range(memory_tables, memory_tables + len(node_peers)), (src_switch, own_switch)))
         memory_tables += len(node_peers)
     buffers = tuple(RemoteBuffer(p, "s", ("port",)) for p in rail_peers)
     everyone = tuple(range(len(rail_peers)))
-    for b in range(nn):
+    for b, block in enumerate(network_blocks):
         ops = []
-        for j in range(b, shape.chunks, nn):
-            sends = tuple(Operand("s", shape.node_sum(j, topology.coord(p, 1)), 1) for p in rail_peers)
-            slots = tuple(Operand(None, shape.received(j, topology.coord(p, 1), k), 1, buffer_id=i)
+        for j in block.chunks:
+            u = shape.size(j)
+            sends = tuple(Operand("s", shape.node_sum(j, topology.coord(p, 1)), u) for p in rail_peers)
+            slots = tuple(Operand(None, shape.received(j, topology.coord(p, 1), k), u, buffer_id=i)
                           for i, p in enumerate(rail_peers))
-            mine = Operand("s", shape.summed(j, k), 1)
-            received = tuple(Operand("s", shape.received(j, k, topology.coord(p, 1)), 1) for p in rail_peers)
-            ops += [Op("sem_acquire", semaphore_ids=(sem_rn(j // per_r, b),)), Op("nop"),
+            mine = Operand("s", shape.summed(j, k), u)
+            received = tuple(Operand("s", shape.received(j, k, topology.coord(p, 1)), u) for p in rail_peers)
+            ops += [Op("sem_acquire", semaphore_ids=(sem("reduced", j),)), Op("nop"),
                     Op("pws", "port", everyone, src=sends, dst=slots),
                     Op("wait", "port", everyone), Op("nop"),
-                    Op("re", src=(Operand("s", shape.node_sum(j, k), 1), *received), dst=(mine,)), Op("nop"),
+                    Op("re", src=(Operand("s", shape.node_sum(j, k), u), *received), dst=(mine,)), Op("nop"),
                     Op("pws", "port", everyone, src=(mine,) * len(rail_peers),
-                       dst=tuple(Operand(None, shape.summed(j, k), 1, buffer_id=i) for i in everyone)),
+                       dst=tuple(Operand(None, shape.summed(j, k), u, buffer_id=i) for i in everyone)),
                     Op("wait", "port", everyone), Op("nop"),
-                    Op("sem_release", semaphore_ids=(sem_ns(b, j // per_s),))]
+                    Op("sem_release", semaphore_ids=(sem("summed", j),))]
         # the peers write this GPU's sums, which the store threadblocks read: close after them
-        ops += [Op("sem_acquire", semaphore_ids=tuple(sem_done(c, b) for c in range(ns))), Op("nop"),
+        ops += [Op("sem_acquire", semaphore_ids=tuple(sem("stored", c, b) for c in range(ns))), Op("nop"),
                 Op("signal", "port", everyone), Op("wait", "port", everyone)]
         first = b * len(rail_peers)
         tbs.append(Threadblock(len(tbs), tuple(ops), (TbChannels("port", tuple(range(first, first + len(rail_peers)))),),
                                (TbBuffers("port", tuple(range(len(buffers)))),)))
-    for c in range(ns):
-        ops = [*handshake("memory", len(node_peers)), Op("nop")]
-        ops += [Op("sem_acquire", semaphore_ids=(baton("store", c),)), Op("nop")] if c else []
-        for j in range(c * per_s, min(shape.chunks, (c + 1) * per_s)):
-            ops += [Op("sem_acquire", semaphore_ids=(sem_ns(j % nn, c),)), Op("nop"),
-                    Op("gstore", "switch", src=(Operand("s", shape.summed(j, 0), shape.nodes),),
-                       dst=(Operand(None, shape.chunk(h, j), shape.nodes, switch_channel_id=0),))]
-        ops += [Op("nop"), Op("sem_release", semaphore_ids=tuple(sem_done(c, b) for b in range(nn)))]
-        ops += [Op("sem_release", semaphore_ids=(baton("store", c + 1),))] if c + 1 < ns else []
+    for c, block in enumerate(store_blocks):
+        take, give = baton("store", store_blocks, c)
+        ops = [*handshake("memory", len(node_peers)), Op("nop"), *take]
+        for j in block.chunks:
+            ops += [Op("sem_acquire", semaphore_ids=(sem("summed", j),)), Op("nop"),
+                    Op("gstore", "switch", src=(Operand("s", shape.summed(j, 0), shape.nodes * shape.size(j)),),
+                       dst=(Operand(None, shape.chunk(h, j), shape.nodes * shape.size(j), switch_channel_id=0),))]
+        ops += [Op("nop"), Op("sem_release", semaphore_ids=tuple(sem("stored", c, b) for b in range(nn))), *give]
         ops += handshake("memory", len(node_peers))
         tbs.append(_tb(len(tbs), ops, range(memory_tables, memory_tables + len(node_peers)), (out_switch,)))
         memory_tables += len(node_peers)
     channels = (tuple(Channel("memory", connected_to=node_peers) for _ in range(nr + ns))
                 + tuple(Channel("port", connected_to=rail_peers) for _ in range(nn)) + switch)
-    total = shape.n * shape.chunks * shape.nodes
-    return GpuPlan(rank, total, total, shape.chunks * shape.block, tuple(tbs), channels, buffers,
-                   (0,) * (nr * nn + 2 * nn * ns + nr - 1 + ns - 1))
+    total = shape.n * shape.total * shape.nodes
+    return GpuPlan(rank, total, total, shape.total * shape.block, tuple(tbs), channels, buffers,
+                   (0,) * len(semaphores))
+
+
+def staggered(chunks: int, lanes: int) -> tuple[int, ...]:
+    """Chunk sizes that start lane l l/lanes of a chunk after lane 0 and end it as much later,
+    so that the lanes' switch operations do not pay their latencies at the same moments: every
+    chunk `lanes` units, but lane l's first l and its last 2 * lanes - l."""
+    if lanes < 1 or (lanes > 1 and chunks < 2 * lanes):
+        raise PlanError(f"{lanes} staggered lanes need at least {2 * lanes} pipeline chunks, not {chunks}")
+    units = [lanes] * chunks
+    for lane in range(1, lanes):
+        units[lane] = lane
+        units[chunks - lanes + lane] += lanes - lane
+    return tuple(units)
+
+
+def describe(plan: ExecutionPlan) -> tuple[tuple[int, ...], int]:
+    """An in-switch pipeline plan's chunk sizes (in plan chunks per part) and lane count, read
+    from its first rank's switch-reduce threadblocks."""
+    gpu = plan.gpus[0]
+    nodes = len(gpu.remote_buffers) + 1  # one scratch buffer per rail peer
+    reducers = [tb for tb in gpu.threadblocks if any(op.name == "glres" for op in tb.ops)]
+    sizes = {op.src[0].index: op.src[0].size // nodes for tb in reducers for op in tb.ops if op.name == "glres"}
+    lanes = sum(1 for tb in reducers if not any(op.name == "sem_acquire" for op in tb.ops))
+    return tuple(sizes[i] for i in sorted(sizes)), lanes
 
 
 def _tb(index: int, ops: list[Op], memory: range, switch: tuple[int, ...]) -> Threadblock:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hipipe_compiler.bounds import lower_bound
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.mscclpp.nvls import nvls_allreduce_plan, switch_domain
-from hipipe_compiler.mscclpp.nvls_pipeline import Shape, nvls_pipeline_plan, pipeline_shape
+from hipipe_compiler.mscclpp.nvls_pipeline import Shape, describe, nvls_pipeline_plan, pipeline_shape, staggered
 from hipipe_compiler.mscclpp.plan import Channel, ExecutionPlan, Op, Operand
 from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
 from hipipe_compiler.presets import preset
@@ -161,10 +161,14 @@ def nodes(n: int, k: int, efficiency: float = 0.85) -> Topology:
                      Dimension(k, "switch", 50, {"LL": 2.7, "LL128": 4.0, "Simple": 14.0})), call_latency=4.0)
 
 
-@given(st.integers(2, 8), st.integers(2, 5), st.sampled_from([1, 2, 3, 7, 20]), st.booleans())
-def test_every_in_switch_pipeline_verifies_and_answers_to_the_limit(n, k, chunks, inplace):
+@given(st.integers(2, 8), st.integers(2, 5), st.sampled_from([1, 2, 3, 7, 20, 40]), st.booleans(), st.integers(1, 3),
+       st.booleans())
+def test_every_in_switch_pipeline_verifies_and_answers_to_the_limit(n, k, chunks, inplace, lanes, stagger):
     topo = nodes(n, k)
-    plan = nvls_pipeline_plan(topo, "p", inplace, chunks)
+    lanes = min(lanes, chunks // 2) or 1
+    units = staggered(chunks, lanes) if stagger else ()
+    plan = nvls_pipeline_plan(topo, "p", inplace, chunks, lanes, units)
+    assert describe(plan) == (units or (1,) * chunks, lanes)
     assert proof(plan) == set()
     assert plan.max_ops <= 64
     nbytes = 16 * plan.gpus[0].input_chunks * 64
@@ -176,6 +180,25 @@ def test_a_pipeline_needs_nvls_nodes_on_one_switch_network():
         with pytest.raises(PlanError, match="in-switch pipelines"):
             pipeline_shape(preset(name), 4)
     assert pipeline_shape(preset("dgx-h100-8x4"), 4) == Shape(8, 4, 4)
+
+
+def test_staggered_chunks_start_each_lane_a_fraction_of_a_chunk_later():
+    assert staggered(8, 2) == (2, 1, 2, 2, 2, 2, 2, 3)
+    assert staggered(8, 4) == (4, 1, 2, 3, 4, 7, 6, 5)
+    assert staggered(5, 1) == (1,) * 5
+    with pytest.raises(PlanError, match="at least 6"):
+        staggered(5, 3)
+    with pytest.raises(PlanError, match="lanes"):
+        nvls_pipeline_plan(nodes(4, 2), "p", False, 2, 3)
+
+
+def test_two_staggered_lanes_hide_the_switch_operations_latencies():
+    """Four nodes of H100 at 256 MiB: two lanes whose chunks are staggered by half a chunk beat
+    one lane at every chunk count the compiler tries."""
+    topo = preset("dgx-h100-8x4")
+    one_lane = min(time_plan(nvls_pipeline_plan(topo, "p", False, c), topo, 256 << 20).time_us for c in (16, 32, 64))
+    two = time_plan(nvls_pipeline_plan(topo, "p", False, 64, 2, staggered(64, 2)), topo, 256 << 20).time_us
+    assert two < 0.95 * one_lane
 
 
 def test_more_chunks_overlap_the_switch_and_the_network():
@@ -221,10 +244,12 @@ PIPELINE_MUTATIONS = {
 }
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("name", sorted(PIPELINE_MUTATIONS))
-def test_every_mutation_of_a_pipeline_is_rejected(name):
+def test_every_mutation_of_a_pipeline_is_rejected(name, lanes):
     mutate, rules = PIPELINE_MUTATIONS[name]
-    plan = nvls_pipeline_plan(nodes(4, 3), "p", False, 3)
+    plan = (nvls_pipeline_plan(nodes(4, 3), "p", False, 3) if lanes == 1 else
+            nvls_pipeline_plan(nodes(4, 3), "p", False, 4, 2, staggered(4, 2)))
     broken = mutate(plan)
     assert broken is not None and broken != plan
     found = proof(broken)

@@ -193,9 +193,9 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
                watch: Stopwatch) -> list[tuple[int, Builder]]:
     """Where in-switch plans serve an all-reduce window: (from which size, which plan as a
     builder per buffer mode), ascending. The window is cut at powers of two; from the top
-    piece down, each piece takes the in-switch plan with the largest gain over the translated
-    plan at the piece's largest size, until a piece where that plan does not beat it at both
-    of the piece's ends. Adjacent pieces with the same plan merge."""
+    piece down, each piece takes the in-switch plan whose smaller gain over the translated
+    plan at the piece's two ends is the largest, until a piece where no in-switch plan beats
+    it at both ends. Adjacent pieces with the same plan merge."""
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
         return []
@@ -209,12 +209,10 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
             size = end - end % both
             if size < max(start, both):
                 break
-            mine = time_plan(translated, topology, size).time_us
-            gains = [mine / time_plan(plan, topology, size).time_us for _b, plan in candidates]
+            mine = {s: time_plan(translated, topology, s).time_us for s in {size, max(both, start + -start % both)}}
+            gains = [min(us / time_plan(plan, topology, s).time_us for s, us in mine.items()) for _b, plan in candidates]
             best = max(range(len(gains)), key=gains.__getitem__)
-            low = max(both, start + -start % both)  # and it must win at the piece's smallest size too
-            if gains[best] <= 1 or (low < size and time_plan(candidates[best][1], topology, low).time_us
-                                    >= time_plan(translated, topology, low).time_us):
+            if gains[best] <= 1:
                 break
             won.append((start, best))
     segments: list[tuple[int, Builder]] = []

@@ -42,10 +42,13 @@ MSCCLPP_COMMIT = "1f5f065d"
 PLAN_PROTOCOLS = ("Simple", "LL")
 #: Threadblocks of an in-switch plan: as many as NCCL's NVLS runs channels on an H100 node.
 SWITCH_THREADBLOCKS = 16
-#: Pipeline chunks per GPU an in-switch pipeline tries, per window, with one lane of switch
-#: operations, and with two staggered ones (whose latencies then hide behind each other's bytes).
-PIPELINE_CHUNKS = (4, 8, 16, 32, 64)
-STAGGERED_CHUNKS = (16, 32, 64)
+#: (pipeline chunks per GPU, lanes) an in-switch pipeline tries per window: one lane of switch
+#: operations, or two or four staggered ones, whose latencies then hide behind each other's bytes.
+PIPELINE_SHAPES = ((4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 2), (32, 2), (64, 2), (128, 2), (32, 4), (64, 4),
+                   (128, 4))
+#: Chunks times ranks above which a pipeline is not tried: the simulator's time grows with both
+#: and with how much the chunks overlap, to minutes per size at 1 GiB beyond this.
+MAX_CHUNK_RANKS = 4096
 
 
 @dataclass(frozen=True)
@@ -209,10 +212,9 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
             size = end - end % both
             if size < max(start, both):
                 break
-            mine = {s: time_plan(translated, topology, s).time_us for s in {size, max(both, start + -start % both)}}
-            gains = [min(us / time_plan(plan, topology, s).time_us for s, us in mine.items()) for _b, plan in candidates]
-            best = max(range(len(gains)), key=gains.__getitem__)
-            if gains[best] <= 1:
+            best = _best_on_both_ends(topology, translated, [plan for _b, plan in candidates],
+                                      (size, max(both, start + -start % both)))
+            if best is None:
                 break
             won.append((start, best))
     segments: list[tuple[int, Builder]] = []
@@ -220,6 +222,24 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
         if not segments or segments[-1][1] is not candidates[best][0]:
             segments.append((start, candidates[best][0]))
     return segments
+
+
+def _best_on_both_ends(topology: Topology, translated: ExecutionPlan, plans: list[ExecutionPlan],
+                       ends: tuple[int, int]) -> int | None:
+    """The plan whose smaller gain over `translated` at the two sizes is the largest, where it
+    beats it at both; None where none does. Plans are judged at the second size in the order
+    of their gain at the first, until no gain left there can beat the best one found."""
+    top, low = ends
+    mine_top, mine_low = (time_plan(translated, topology, s).time_us for s in (top, low))
+    at_top = [mine_top / time_plan(plan, topology, top).time_us for plan in plans]
+    best, best_gain = None, 1.0
+    for i in sorted(range(len(plans)), key=lambda i: -at_top[i]):
+        if at_top[i] <= best_gain:
+            break
+        gain = at_top[i] if low == top else min(at_top[i], mine_low / time_plan(plans[i], topology, low).time_us)
+        if gain > best_gain:
+            best, best_gain = i, gain
+    return best
 
 
 def switch_candidates(topology: Topology, name: str) -> list[Builder]:
@@ -231,9 +251,9 @@ def switch_candidates(topology: Topology, name: str) -> list[Builder]:
         pipeline_shape(topology, 1)
     except PlanError:
         return []
-    return ([lambda inplace, c=c: nvls_pipeline_plan(topology, name, inplace, c) for c in PIPELINE_CHUNKS]
-            + [lambda inplace, c=c: nvls_pipeline_plan(topology, name, inplace, c, 2, staggered(c, 2))
-               for c in STAGGERED_CHUNKS])
+    return [lambda inplace, c=c, lanes=lanes: nvls_pipeline_plan(topology, name, inplace, c, lanes,
+                                                                 staggered(c, lanes) if lanes > 1 else ())
+            for c, lanes in PIPELINE_SHAPES if c * topology.nranks <= MAX_CHUNK_RANKS]
 
 
 def simulate_program(program: Program, topology: Topology, nbytes: int) -> float:

@@ -82,13 +82,15 @@ def pipeline_shape(topology: Topology, chunks: int, units: tuple[int, ...] = ())
     n, nodes = dims[0].size, dims[1].size
     if n - 1 > MAX_CHANNELS or nodes - 1 > MAX_CHANNELS_PER_OP:
         raise PlanError(f"{n} GPUs and {nodes} nodes exceed the executor's channel limits")
-    if not 1 <= chunks or _split(chunks, "network") > MAX_SEMAPHORES_PER_OP:
-        raise PlanError(f"{chunks} pipeline chunks: expected 1 to {MAX_SEMAPHORES_PER_OP * _PER_TB['network']}, so "
-                        "that a store threadblock releases every network one in one operation")
+    if not 1 <= chunks <= MAX_CHUNKS:
+        raise PlanError(f"{chunks} pipeline chunks: expected 1 to {MAX_CHUNKS}")
     if units and (len(units) != chunks or min(units) < 1):
         raise PlanError(f"chunk sizes {units}: expected {chunks} positive numbers")
     return Shape(n, nodes, chunks, units)
 
+
+#: Pipeline chunks a plan may have: its threadblocks then stay within an H100's SMs.
+MAX_CHUNKS = 256
 
 #: Chunks one threadblock of each stage holds within the executor's operation limit.
 _PER_TB = {stage: (MAX_OPERATIONS - _FIXED[stage]) // _PER_CHUNK[stage] for stage in _FIXED}
@@ -223,7 +225,9 @@ def _gpu(topology: Topology, shape: Shape, stages: dict[str, Blocks], rank: int,
             ops += [Op("sem_acquire", semaphore_ids=(sem("summed", j),)), Op("nop"),
                     Op("gstore", "switch", src=(Operand("s", shape.summed(j, 0), shape.nodes * shape.size(j)),),
                        dst=(Operand(None, shape.chunk(h, j), shape.nodes * shape.size(j), switch_channel_id=0),))]
-        ops += [Op("nop"), Op("sem_release", semaphore_ids=tuple(sem("stored", c, b) for b in range(nn))), *give]
+        done = [sem("stored", c, b) for b in range(nn)]
+        ops += [Op("nop"), *(Op("sem_release", semaphore_ids=tuple(done[i:i + MAX_SEMAPHORES_PER_OP]))
+                             for i in range(0, nn, MAX_SEMAPHORES_PER_OP)), *give]
         ops += handshake("memory", len(node_peers))
         tbs.append(_tb(len(tbs), ops, range(memory_tables, memory_tables + len(node_peers)), (out_switch,)))
         memory_tables += len(node_peers)

@@ -287,3 +287,20 @@ def test_a_window_is_split_where_the_switch_starts_to_pay():
         other = next(g.plans[0] for g in gpu if g.plans[0].min_message_size <= size <= g.plans[0].max_message_size)
         assert size % size_multiple(other) == 0
         assert time_plan(plan, topo, size).time_us < time_plan(other, topo, size).time_us
+
+
+def test_a_piece_goes_to_the_plan_that_wins_most_at_its_worse_end():
+    """The pruned choice equals judging every in-switch plan at both ends of the piece."""
+    from hipipe_compiler.plan_compiler import _best_on_both_ends
+
+    topo = preset("dgx-h100-8x2")
+    plans = [nvls_pipeline_plan(topo, "p", False, c, lanes, staggered(c, lanes) if lanes > 1 else ())
+             for c, lanes in ((4, 1), (16, 1), (16, 2), (32, 4))]
+    for reference, ends in ((plans[0], (64 << 20, 32 << 20)), (plans[1], (256 << 20, 128 << 20)),
+                            (plans[3], (16 << 20, 8 << 20))):
+        def gain(plan, size):
+            return time_plan(reference, topo, size).time_us / time_plan(plan, topo, size).time_us
+        worse = [min(gain(p, s) for s in ends) for p in plans]
+        expected = max(range(len(plans)), key=worse.__getitem__)
+        assert _best_on_both_ends(topo, reference, plans, ends) == (expected if worse[expected] > 1 else None)
+    assert _best_on_both_ends(topo, plans[0], plans[:1], (64 << 20, 32 << 20)) is None

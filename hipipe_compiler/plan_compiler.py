@@ -230,7 +230,8 @@ def _best_on_both_ends(topology: Topology, translated: ExecutionPlan, plans: lis
     beats it at both; None where none does. Plans are judged at the second size in the order
     of their gain at the first, until no gain left there can beat the best one found."""
     top, low = ends
-    mine_top, mine_low = (time_plan(translated, topology, s).time_us for s in (top, low))
+    mine_top = time_plan(translated, topology, top).time_us
+    mine_low = mine_top if low == top else time_plan(translated, topology, low).time_us
     at_top = [mine_top / time_plan(plan, topology, top).time_us for plan in plans]
     best, best_gain = None, 1.0
     for i in sorted(range(len(plans)), key=lambda i: -at_top[i]):

@@ -12,9 +12,10 @@ into one part per node. Per chunk:
    signal), sums the parts it receives into its own part, and sends that to every other node;
 3. a store threadblock multicasts the K summed parts into every GPU's output (`gstore`).
 Semaphores pass each chunk from stage to stage. The reduce and the store stages work their
-chunks in order, one threadblock after the other, so the pipeline is as deep as the chunk
-count; the network threadblocks take turns, so one chunk's latency overlaps the next one's
-bytes. The reduce and store threadblocks open with a handshake inside the node (a peer's
+chunks in one or more lanes; a lane works its chunks in order, one threadblock after the
+other, so the pipeline is as deep as the chunk count, and lanes staggered by a fraction of a
+chunk hide each other's latencies. The network threadblocks take turns, so one chunk's
+latency overlaps the next one's bytes. The reduce and store threadblocks open with a handshake inside the node (a peer's
 buffers are its caller's until its kernel starts), and every threadblock closes with one
 with the peers it touched.
 """

@@ -67,6 +67,9 @@ class Network:
         self.events: list = []
         self.seq = 0
         self.active: dict[Hashable, set[Message]] = defaultdict(set)
+        self.share: dict[Hashable, float] = {}  # capacity / active messages, of each busy resource
+        self.compact_floor = 1 << 12  # compact() when the queue holds twice what it did, and this many
+        self.compact_at = self.compact_floor
         # a resource whose messages use it alone (a ring link; a port in a quotient run) is a
         # processor-sharing queue: [virtual bytes served per message, when, heap of (virtual
         # finish, seq, message), version], so a start or finish reschedules one event, not all
@@ -83,6 +86,18 @@ class Network:
     def schedule(self, time: float, kind: str, obj: Any, version: int = 0) -> None:
         self.seq += 1
         heapq.heappush(self.events, (time, self.seq, kind, obj, version))
+        if len(self.events) > self.compact_at:
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop the events a rate change has made stale, which handle() would skip anyway; the
+        others keep their (time, seq) and so their order."""
+        shared = self.shared
+        self.events = [e for e in self.events
+                       if not (e[2] == "transfer" and (e[3].version != e[4] or e[3].arrived)
+                               or e[2] == "shared" and shared[e[3]][3] != e[4])]
+        heapq.heapify(self.events)
+        self.compact_at = max(self.compact_floor, 2 * len(self.events))
 
     def handle(self, kind: str, obj: Any, version: int) -> None:
         """Process one of the network's own events (NETWORK_EVENTS)."""
@@ -168,15 +183,20 @@ class Network:
             self.next_finish(r, queue)
             return
         for r in msg.resources:
-            if not self.active[r]:
+            active = self.active[r]
+            if not active:
                 self.busy_since[r] = self.now
-            self.active[r].add(msg)
+            active.add(msg)
+            self.share[r] = self.capacity[r] / len(active)
         self.reschedule({m for r in msg.resources for m in self.active[r]})
 
     def finish_transfer(self, msg: Message) -> None:
         for r in msg.resources:
-            self.active[r].discard(msg)
-            if not self.active[r]:
+            active = self.active[r]
+            active.discard(msg)
+            if active:
+                self.share[r] = self.capacity[r] / len(active)
+            else:
                 self.busy_time[r] += self.now - self.busy_since.pop(r)
         msg.remaining = 0.0
         affected = {m for r in msg.resources for m in self.active[r]}
@@ -209,11 +229,15 @@ class Network:
 
     def reschedule(self, messages: set[Message]) -> None:
         """Bring each message whose rate changed up to date, with its new rate and end time."""
-        capacity, active, now = self.capacity, self.active, self.now
-        for m in sorted(messages, key=_order) if len(messages) > 1 else messages:
-            rate = m.scale * min(capacity[r] / len(active[r]) for r in m.resources)
-            if rate == m.rate:
-                continue  # its end time stands
+        share, now = self.share, self.now
+        changed = []
+        for m in messages:
+            rate = m.scale * min([share[r] for r in m.resources])
+            if rate != m.rate:  # otherwise its end time stands
+                changed.append((m, rate))
+        if len(changed) > 1:
+            changed.sort(key=lambda mr: _order(mr[0]))
+        for m, rate in changed:
             if m.rate > 0:
                 m.remaining = max(0.0, m.remaining - m.rate * (now - m.since))
             m.rate = rate

@@ -101,42 +101,22 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         raise InputError(None, "--proto", "MSCCL++ has no LL128; expected Simple or LL")
     windows = compile_range(topology, replace(options, check=False), min_bytes, max_bytes, planner, stopwatch=watch,
                             timed=False)
+    bests = [_best_plan(topology, options, choices, index, cw, node_size, watch) for index, cw in enumerate(windows)]
+    # in-switch plans win from some size up: from the top window down, until one they do not fill
+    switched: list[list[tuple[int, Builder]]] = [[] for _ in windows]
+    for index in reversed(range(len(windows)) if in_switch else ()):
+        lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
+        switched[index] = _in_switch(topology, options, bests[index][1], lo, hi, watch)
+        if not switched[index] or switched[index][0][0] > lo:
+            break
     out = []
-    for index, cw in enumerate(windows):
+    for index, (cw, best) in enumerate(zip(windows, bests)):
         lo, hi = cw.window.min_bytes, cw.window.max_bytes
-        best, error = None, None
-        picks = [replace(cw.plan, protocol=p) for p in sorted(choices, key=lambda p: p != cw.plan.protocol)]
-        # where the search's schedule needs more operations or threadblocks than the executor
-        # runs, the hierarchical schedule with fewer chunks stands in
-        fallbacks = [hierarchical_plan(topology, options.collective, chunks=k, protocol=p, min_bytes=lo, max_bytes=hi)
-                     for k in (4, 2, 1) for p in choices]
-        for schedule in (*picks, *fallbacks):
-            if best is not None and schedule in fallbacks:
-                break
-            with watch.phase("lower"):
-                try:
-                    program, plan = fit(schedule, topology, _name(topology, options.collective, index, lo, hi, False),
-                                        False, options.limits, node_size)
-                except PlanError as exc:
-                    error = error or exc
-                    continue
-            size = timed_size(plan, hi)
-            if size < lo:
-                error = error or PlanError(f"no size of {cw.window.label} is a multiple of {size_multiple(plan)} bytes "
-                                           "(the plan's chunks on 16-byte boundaries), so the executor would refuse every call")
-                continue
-            with watch.phase("predict"):
-                result = time_plan(plan, topology, size)
-            if best is None or result.time_us < best[2].time_us:
-                best = (program, plan, result, size, schedule)
-        if best is None:
-            raise error or PlanError(f"window {cw.window.label}: no plan")
-        program, plan, result, size, schedule = best
-        switched = _in_switch(topology, options, plan, lo, hi, watch) if in_switch else []
+        program, plan, result, size, schedule, fallback = best
         # in-switch plans take the window from where they are faster; the GPU-side plan keeps the rest
-        starts = [start for start, _b in switched] + [hi + 1]
+        starts = [start for start, _b in switched[index]] + [hi + 1]
         segments = [(lo, starts[0] - 1, None)] * (starts[0] > lo) + [
-            (start, starts[k + 1] - 1, build) for k, (start, build) in enumerate(switched)]
+            (start, starts[k + 1] - 1, build) for k, (start, build) in enumerate(switched[index])]
         for seg_lo, seg_hi, build in segments:
             if build is None:
                 plans = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
@@ -148,9 +128,44 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
             with watch.phase("predict"):
                 timed = result if build is None and at == size else time_plan(plans[0], topology, at)
             out.append(_finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi), program,
-                               plans, timed, at, schedule, schedule in fallbacks and build is None, build is not None,
-                               watch))
+                               plans, timed, at, schedule, fallback and build is None, build is not None, watch))
     return out
+
+
+def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, ...], index: int, cw: CompiledWindow,
+               node_size: int | None, watch: Stopwatch) -> tuple:
+    """The fastest plan translated from the search's schedule for a window, in each protocol the
+    backend has (or from the hierarchical schedule with fewer chunks, where it does not fit):
+    (program, plan, its time, the size timed, the schedule, whether it is such a stand-in)."""
+    lo, hi = cw.window.min_bytes, cw.window.max_bytes
+    best, error = None, None
+    picks = [replace(cw.plan, protocol=p) for p in sorted(choices, key=lambda p: p != cw.plan.protocol)]
+    # where the search's schedule needs more operations or threadblocks than the executor
+    # runs, the hierarchical schedule with fewer chunks stands in
+    fallbacks = [hierarchical_plan(topology, options.collective, chunks=k, protocol=p, min_bytes=lo, max_bytes=hi)
+                 for k in (4, 2, 1) for p in choices]
+    for schedule in (*picks, *fallbacks):
+        if best is not None and schedule in fallbacks:
+            break
+        with watch.phase("lower"):
+            try:
+                program, plan = fit(schedule, topology, _name(topology, options.collective, index, lo, hi, False),
+                                    False, options.limits, node_size)
+            except PlanError as exc:
+                error = error or exc
+                continue
+        size = timed_size(plan, hi)
+        if size < lo:
+            error = error or PlanError(f"no size of {cw.window.label} is a multiple of {size_multiple(plan)} bytes "
+                                       "(the plan's chunks on 16-byte boundaries), so the executor would refuse every call")
+            continue
+        with watch.phase("predict"):
+            result = time_plan(plan, topology, size)
+        if best is None or result.time_us < best[2].time_us:
+            best = (program, plan, result, size, schedule)
+    if best is None:
+        raise error or PlanError(f"window {cw.window.label}: no plan")
+    return (*best, best[4] in fallbacks)
 
 
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,

@@ -266,16 +266,29 @@ def test_the_sharing_rule_costs_a_pipeline_more_than_its_nvlink_bytes():
     assert time_plan(nvls_pipeline_plan(fast, "p", False, 32), fast, 1 << 30).time_us > 1.05 * need
 
 
-def test_a_window_is_split_where_the_switch_starts_to_pay():
+def test_a_window_is_split_where_the_switch_starts_to_pay(monkeypatch):
     """The directory's windows stay contiguous, and every in-switch plan beats the plan the
-    directory would serve without in-switch plans at the smallest size it serves."""
+    directory would serve without in-switch plans at the smallest size it serves. Windows are
+    tried from the top down, and none below the one that in-switch plans do not fill."""
+    from hipipe_compiler import plan_compiler
     from hipipe_compiler.compiler import CompileOptions
     from hipipe_compiler.plan_compiler import compile_plans, size_multiple
 
+    tried = []
+
+    def spy(topology, options, translated, lo, hi, watch):
+        tried.append((lo, hi, real(topology, options, translated, lo, hi, watch)))
+        return tried[-1][2]
+    real = plan_compiler._in_switch
+    monkeypatch.setattr(plan_compiler, "_in_switch", spy)
     topo = preset("dgx-h100-8x1")
     lo, hi = 1 << 20, 1 << 30
     ours = compile_plans(topo, CompileOptions(), lo, hi)
     gpu = compile_plans(topo, CompileOptions(), lo, hi, in_switch=False)
+    assert [t[1] for t in tried] == sorted((t[1] for t in tried), reverse=True) and tried[0][1] == hi
+    assert all(got and got[0][0] == start for start, _end, got in tried[:-1])
+    assert not tried[-1][2] or tried[-1][2][0][0] > tried[-1][0]
+    assert len(tried) < len(gpu)
     spans = [(cp.plans[0].min_message_size, cp.plans[0].max_message_size) for cp in ours]
     assert spans[0][0] == lo and spans[-1][1] == hi
     assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:]))

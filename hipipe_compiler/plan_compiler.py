@@ -106,13 +106,13 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
     switched: list[list[tuple[int, Builder]]] = [[] for _ in windows]
     for index in reversed(range(len(windows)) if in_switch else ()):
         lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
-        switched[index] = _in_switch(topology, options, bests[index][1], lo, hi, watch)
+        switched[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch)
         if not switched[index] or switched[index][0][0] > lo:
             break
     out = []
     for index, (cw, best) in enumerate(zip(windows, bests)):
         lo, hi = cw.window.min_bytes, cw.window.max_bytes
-        program, plan, result, size, schedule, fallback = best
+        program, plan, result, size, schedule = best.program, best.plan, best.result, best.size, best.schedule
         # in-switch plans take the window from where they are faster; the GPU-side plan keeps the rest
         starts = [start for start, _b in switched[index]] + [hi + 1]
         segments = [(lo, starts[0] - 1, None)] * (starts[0] > lo) + [
@@ -128,15 +128,27 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
             with watch.phase("predict"):
                 timed = result if build is None and at == size else time_plan(plans[0], topology, at)
             out.append(_finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi), program,
-                               plans, timed, at, schedule, fallback and build is None, build is not None, watch))
+                               plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch))
     return out
 
 
+@dataclass(frozen=True)
+class _Translated:
+    """A window's fastest GPU-side plan: its program, the plan, its time at `size`, and the
+    schedule it came from (a stand-in where the search's own does not fit)."""
+
+    program: Program
+    plan: ExecutionPlan
+    result: Any
+    size: int
+    schedule: Any
+    stand_in: bool
+
+
 def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, ...], index: int, cw: CompiledWindow,
-               node_size: int | None, watch: Stopwatch) -> tuple:
+               node_size: int | None, watch: Stopwatch) -> _Translated:
     """The fastest plan translated from the search's schedule for a window, in each protocol the
-    backend has (or from the hierarchical schedule with fewer chunks, where it does not fit):
-    (program, plan, its time, the size timed, the schedule, whether it is such a stand-in)."""
+    backend has (or from the hierarchical schedule with fewer chunks, where it does not fit)."""
     lo, hi = cw.window.min_bytes, cw.window.max_bytes
     best, error = None, None
     picks = [replace(cw.plan, protocol=p) for p in sorted(choices, key=lambda p: p != cw.plan.protocol)]
@@ -165,7 +177,7 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
             best = (program, plan, result, size, schedule)
     if best is None:
         raise error or PlanError(f"window {cw.window.label}: no plan")
-    return (*best, best[4] in fallbacks)
+    return _Translated(*best, stand_in=best[4] in fallbacks)
 
 
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,

@@ -275,11 +275,11 @@ def test_a_window_is_split_where_the_switch_starts_to_pay(monkeypatch):
     from hipipe_compiler.plan_compiler import compile_plans, size_multiple
 
     tried = []
+    real = plan_compiler._in_switch
 
     def spy(topology, options, translated, lo, hi, watch):
         tried.append((lo, hi, real(topology, options, translated, lo, hi, watch)))
         return tried[-1][2]
-    real = plan_compiler._in_switch
     monkeypatch.setattr(plan_compiler, "_in_switch", spy)
     topo = preset("dgx-h100-8x1")
     lo, hi = 1 << 20, 1 << 30

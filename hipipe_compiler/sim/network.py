@@ -30,7 +30,7 @@ class Message:
     runs at a fraction of the ports' capacity). `owner` is the executor's."""
 
     __slots__ = ("owner", "resources", "remaining", "rate", "since", "version", "arrived", "arrival", "dim", "start",
-                 "scale", "alpha", "serial")
+                 "scale", "alpha", "serial", "least")
 
     def __init__(self, owner: Any, resources: tuple, dim: int, wire_bytes: float, alpha: float = 0.0,
                  scale: float = 1.0) -> None:
@@ -41,6 +41,7 @@ class Message:
         self.alpha = alpha
         self.scale = scale
         self.rate = 0.0
+        self.least = math.inf  # the least share among its resources, while it moves bytes
         self.since = 0.0
         self.version = 0
         self.arrived = False
@@ -182,26 +183,41 @@ class Network:
             heapq.heappush(queue[2], (queue[0] + msg.remaining, self.seq, msg))
             self.next_finish(r, queue)
             return
+        share = self.share
         for r in msg.resources:
             active = self.active[r]
             if not active:
                 self.busy_since[r] = self.now
             active.add(msg)
-            self.share[r] = self.capacity[r] / len(active)
-        self.reschedule({m for r in msg.resources for m in self.active[r]})
+            share[r] = self.capacity[r] / len(active)
+        # shares only fell, so another message's least share is its old one or a fallen one
+        msg.least = min([share[r] for r in msg.resources])
+        lowered = {msg}
+        for r in msg.resources:
+            s = share[r]
+            for m in self.active[r]:
+                if s < m.least:
+                    m.least = s
+                    lowered.add(m)
+        self.reschedule(lowered)
 
     def finish_transfer(self, msg: Message) -> None:
+        share = self.share
+        eased: set[Message] = set()  # messages whose least share was on a resource that rose
         for r in msg.resources:
             active = self.active[r]
             active.discard(msg)
             if active:
-                self.share[r] = self.capacity[r] / len(active)
+                old = share[r]
+                share[r] = self.capacity[r] / len(active)
+                eased.update(m for m in active if m.least == old)
             else:
                 self.busy_time[r] += self.now - self.busy_since.pop(r)
         msg.remaining = 0.0
-        affected = {m for r in msg.resources for m in self.active[r]}
         self.arrive(msg)
-        self.reschedule(affected)
+        for m in eased:
+            m.least = min([share[r] for r in m.resources])
+        self.reschedule(eased)
 
     def serve(self, r: Hashable, queue: list) -> None:
         """Bring a shared resource's virtual time up to now: each of its n messages got
@@ -228,16 +244,18 @@ class Network:
         self.arrive(msg)
 
     def reschedule(self, messages: set[Message]) -> None:
-        """Bring each message whose rate changed up to date, with its new rate and end time."""
-        share, now = self.share, self.now
+        """Bring each message whose rate changed up to date, with its new rate (from its least
+        share, kept current by the caller) and end time."""
+        now = self.now
         changed = []
         for m in messages:
-            rate = m.scale * min([share[r] for r in m.resources])
+            rate = m.scale * m.least
             if rate != m.rate:  # otherwise its end time stands
-                changed.append((m, rate))
-        if len(changed) > 1:
-            changed.sort(key=lambda mr: _order(mr[0]))
-        for m, rate in changed:
+                changed.append((m.start, m.serial, m, rate))
+        # events in the order the messages started moving, then were sent, whatever order a
+        # set iterates in, so runs are the same
+        changed.sort()
+        for _start, _serial, m, rate in changed:
             if m.rate > 0:
                 m.remaining = max(0.0, m.remaining - m.rate * (now - m.since))
             m.rate = rate
@@ -259,12 +277,6 @@ class Network:
             busy = sum(self.busy_time[r] for r in keys) / (len(keys) * time) if keys and time > 0 else 0.0
             out.append(busy)
         return out
-
-
-def _order(m: Message) -> tuple[float, int]:
-    """Messages rescheduled together get their events in the order they started moving, then
-    were sent, so runs are the same whatever order a set iterates in."""
-    return (m.start, m.serial)
 
 
 def _dimension_of(topology: Topology, r: Hashable) -> int | None:

@@ -1,4 +1,5 @@
-"""The network's event queue: dropping stale events (compaction) is exact."""
+"""The network's event queue: dropping stale events (compaction) is exact, and the rates kept
+up to date event by event are the ones computed from scratch."""
 
 from __future__ import annotations
 
@@ -21,10 +22,31 @@ class _Counting(Network):
         super().compact()
 
 
-def _arrivals(sends: list[tuple], floor: int) -> tuple[list[tuple], int]:
+class _Checked(_Counting):
+    """Checks after every start and finish that each moving message's rate is its scale times
+    the least share of its resources, computed from scratch."""
+
+    checked = 0
+
+    def start_transfer(self, msg: Message) -> None:
+        super().start_transfer(msg)
+        self.check()
+
+    def finish_transfer(self, msg: Message) -> None:
+        super().finish_transfer(msg)
+        self.check()
+
+    def check(self) -> None:
+        for active in self.active.values():
+            for m in active:
+                assert m.rate == m.scale * min(self.capacity[r] / len(self.active[r]) for r in m.resources)
+                self.checked += 1
+
+
+def _arrivals(sends: list[tuple], floor: int, network: type[_Counting] = _Counting) -> tuple[list[tuple], int]:
     """Every message's arrival time when `sends` are put on the network at their times, and
     how often the queue was compacted."""
-    net = _Counting(TOPOLOGY, "Simple")
+    net = network(TOPOLOGY, "Simple")
     net.compact_floor = net.compact_at = floor
     arrived: list[tuple] = []
     net.on_arrival = lambda m: arrived.append((m.owner, net.now))
@@ -42,7 +64,7 @@ def _arrivals(sends: list[tuple], floor: int) -> tuple[list[tuple], int]:
             net.send(Message(i, resources, dim, nbytes, alpha))
         else:
             net.send(net.switch_message(i, kind, a, 0, nbytes))
-    return sorted(arrived), net.compactions
+    return sorted(arrived), net.compactions if network is _Counting else net.checked
 
 
 @settings(max_examples=40, deadline=None)
@@ -56,3 +78,14 @@ def test_dropping_stale_events_changes_no_arrival(sends):
     assert never == 0 and (often > 0 or len(sends) < 3)
     assert compacted == every
     assert len(every) == len(sends)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 20), st.sampled_from(["put", "reduce", "store"]), st.integers(0, 11),
+                          st.integers(0, 11), st.integers(1, 1 << 22)), min_size=2, max_size=40))
+def test_rates_kept_up_to_date_are_the_ones_computed_from_scratch(sends):
+    sends = [(at, kind, a, b if b != a else (a + 1) % 12, n) for at, kind, a, b, n in sends]
+    sends = [s for s in sends if s[1] != "put" or TOPOLOGY.link_resources(s[2], s[3]) is not None]
+    arrived, checked = _arrivals(sends, 1 << 30, _Checked)
+    assert len(arrived) == len(sends)
+    assert checked > 0 or not any(kind != "put" for _at, kind, *_ in sends)

@@ -215,8 +215,9 @@ class Network:
                 self.busy_time[r] += self.now - self.busy_since.pop(r)
         msg.remaining = 0.0
         self.arrive(msg)
+        least = share.__getitem__
         for m in eased:
-            m.least = min([share[r] for r in m.resources])
+            m.least = min(map(least, m.resources))
         self.reschedule(eased)
 
     def serve(self, r: Hashable, queue: list) -> None:
@@ -255,13 +256,17 @@ class Network:
         # events in the order the messages started moving, then were sent, whatever order a
         # set iterates in, so runs are the same
         changed.sort()
+        events = self.events
         for _start, _serial, m, rate in changed:
             if m.rate > 0:
                 m.remaining = max(0.0, m.remaining - m.rate * (now - m.since))
             m.rate = rate
             m.since = now
             m.version += 1
-            self.schedule(now + m.remaining / rate, "transfer", m, m.version)
+            self.seq += 1  # schedule(), inline: this is the simulator's busiest line
+            heapq.heappush(events, (now + m.remaining / rate, self.seq, "transfer", m, m.version))
+        if len(events) > self.compact_at:
+            self.compact()
 
     def arrive(self, msg: Message) -> None:
         msg.arrived = True

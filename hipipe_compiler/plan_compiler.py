@@ -34,6 +34,7 @@ from .plan_fitting import fit
 from .schedule import hierarchical_plan
 from .sim import simulate_exact
 from .sim.plans import time_plan
+from .sim.simulate import SimResult
 from .topology import Topology
 from .units import format_size
 
@@ -61,6 +62,8 @@ class CompiledPlans:
     plans: tuple[ExecutionPlan, ...]
     report: Report
     details: dict[str, Any] = field(default_factory=dict, compare=False)
+    #: what the search already simulated of the out-of-place plan, by size (nccl-tests bytes)
+    times: dict[int, SimResult] = field(default_factory=dict, compare=False)
 
 
 def size_multiple(plan: ExecutionPlan) -> int:
@@ -103,7 +106,7 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                             timed=False)
     bests = [_best_plan(topology, options, choices, index, cw, node_size, watch) for index, cw in enumerate(windows)]
     # in-switch plans win from some size up: from the top window down, until one they do not fill
-    switched: list[list[tuple[int, Builder]]] = [[] for _ in windows]
+    switched: list[list[tuple[int, Builder, dict[int, SimResult]]]] = [[] for _ in windows]
     for index in reversed(range(len(windows)) if in_switch else ()):
         lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
         switched[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch)
@@ -114,10 +117,10 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         lo, hi = cw.window.min_bytes, cw.window.max_bytes
         program, plan, result, size, schedule = best.program, best.plan, best.result, best.size, best.schedule
         # in-switch plans take the window from where they are faster; the GPU-side plan keeps the rest
-        starts = [start for start, _b in switched[index]] + [hi + 1]
-        segments = [(lo, starts[0] - 1, None)] * (starts[0] > lo) + [
-            (start, starts[k + 1] - 1, build) for k, (start, build) in enumerate(switched[index])]
-        for seg_lo, seg_hi, build in segments:
+        starts = [start for start, _b, _t in switched[index]] + [hi + 1]
+        segments = [(lo, starts[0] - 1, None, {})] * (starts[0] > lo) + [
+            (start, starts[k + 1] - 1, build, known) for k, (start, build, known) in enumerate(switched[index])]
+        for seg_lo, seg_hi, build, known in segments:
             if build is None:
                 plans = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
                                       min_message_size=seg_lo, max_message_size=seg_hi) for m in _modes(program))
@@ -126,9 +129,10 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                                       min_message_size=seg_lo, max_message_size=seg_hi) for m in (False, True))
             at = timed_size(plans[0], seg_hi)
             with watch.phase("predict"):
-                timed = result if build is None and at == size else time_plan(plans[0], topology, at)
-            out.append(_finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi), program,
-                               plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch))
+                timed = result if build is None and at == size else known.get(at) or time_plan(plans[0], topology, at)
+            out.append(replace(_finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi),
+                                       program, plans, timed, at, schedule, best.stand_in and build is None,
+                                       build is not None, watch), times={**known, at: timed}))
     return out
 
 
@@ -220,9 +224,9 @@ Builder = Callable[[bool], ExecutionPlan]
 
 
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
-               watch: Stopwatch) -> list[tuple[int, Builder]]:
+               watch: Stopwatch) -> list[tuple[int, Builder, dict[int, SimResult]]]:
     """Where in-switch plans serve an all-reduce window: (from which size, which plan as a
-    builder per buffer mode), ascending. The window is cut at powers of two; from the top
+    builder per buffer mode, its out-of-place plan's times simulated on the way), ascending. The window is cut at powers of two; from the top
     piece down, each piece takes the in-switch plan whose smaller gain over the translated
     plan at the piece's two ends is the largest, until a piece where no in-switch plan beats
     it at both ends. Adjacent pieces with the same plan merge."""
@@ -233,38 +237,48 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     both = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
     cuts = [1 << k for k in range(lo.bit_length(), hi.bit_length()) if lo < 1 << k <= hi]
     pieces = list(zip([lo, *cuts], [c - 1 for c in cuts] + [hi]))
-    won: list[tuple[int, int]] = []  # (piece start, candidate), from the top down
+    won: list[tuple[int, int, dict[int, SimResult]]] = []  # (piece start, candidate, its times), from the top down
     with watch.phase("predict"):
         for start, end in reversed(pieces):
             size = end - end % both
             if size < max(start, both):
                 break
+            known: dict[tuple[int, int], SimResult] = {}
             best = _best_on_both_ends(topology, translated, [plan for _b, plan in candidates],
-                                      (size, max(both, start + -start % both)))
+                                      (size, max(both, start + -start % both)), known)
             if best is None:
                 break
-            won.append((start, best))
-    segments: list[tuple[int, Builder]] = []
-    for start, best in reversed(won):
+            won.append((start, best, {at: r for (i, at), r in known.items() if i == best}))
+    segments: list[tuple[int, Builder, dict[int, SimResult]]] = []
+    for start, best, times in reversed(won):
         if not segments or segments[-1][1] is not candidates[best][0]:
-            segments.append((start, candidates[best][0]))
+            segments.append((start, candidates[best][0], times))
+        else:
+            segments[-1][2].update(times)
     return segments
 
 
 def _best_on_both_ends(topology: Topology, translated: ExecutionPlan, plans: list[ExecutionPlan],
-                       ends: tuple[int, int]) -> int | None:
+                       ends: tuple[int, int], known: dict[tuple[int, int], SimResult] | None = None) -> int | None:
     """The plan whose smaller gain over `translated` at the two sizes is the largest, where it
     beats it at both; None where none does. Plans are judged at the second size in the order
-    of their gain at the first, until no gain left there can beat the best one found."""
+    of their gain at the first, until no gain left there can beat the best one found. `known`
+    gets every plan's time simulated here, by (index, size)."""
     top, low = ends
+    timed = {} if known is None else known
+
+    def time(i: int, size: int) -> float:
+        if (i, size) not in timed:
+            timed[(i, size)] = time_plan(plans[i], topology, size)
+        return timed[(i, size)].time_us
     mine_top = time_plan(translated, topology, top).time_us
     mine_low = mine_top if low == top else time_plan(translated, topology, low).time_us
-    at_top = [mine_top / time_plan(plan, topology, top).time_us for plan in plans]
+    at_top = [mine_top / time(i, top) for i in range(len(plans))]
     best, best_gain = None, 1.0
     for i in sorted(range(len(plans)), key=lambda i: -at_top[i]):
         if at_top[i] <= best_gain:
             break
-        gain = at_top[i] if low == top else min(at_top[i], mine_low / time_plan(plans[i], topology, low).time_us)
+        gain = at_top[i] if low == top else min(at_top[i], mine_low / time(i, low))
         if gain > best_gain:
             best, best_gain = i, gain
     return best
@@ -291,11 +305,12 @@ def simulate_program(program: Program, topology: Topology, nbytes: int) -> float
 
 def plan_timer(compiled: Sequence[CompiledPlans], topology: Topology) -> Callable[[CompiledWindow, int], float]:
     """Our time of a window's plan at a size, for the NCCL handoff."""
-    by_window = {id(cp.window): cp.plans[0] for cp in compiled}
+    by_window = {id(cp.window): cp for cp in compiled}
 
     def ours(cw: CompiledWindow, nbytes: int) -> float:
-        plan = by_window[id(cw)]
-        return time_plan(plan, topology, timed_size(plan, nbytes)).time_us
+        cp = by_window[id(cw)]
+        at = timed_size(cp.plans[0], nbytes)
+        return (cp.times.get(at) or time_plan(cp.plans[0], topology, at)).time_us
     return ours
 
 

@@ -269,7 +269,8 @@ def test_the_sharing_rule_costs_a_pipeline_more_than_its_nvlink_bytes():
 def test_a_window_is_split_where_the_switch_starts_to_pay(monkeypatch):
     """The directory's windows stay contiguous, and every in-switch plan beats the plan the
     directory would serve without in-switch plans at the smallest size it serves. Windows are
-    tried from the top down, and none below the one that in-switch plans do not fill."""
+    tried from the top down, and none below the one that in-switch plans do not fill. The NCCL
+    hand-off finds both ends of every in-switch window simulated already, at the same times."""
     from hipipe_compiler import plan_compiler
     from hipipe_compiler.compiler import CompileOptions
     from hipipe_compiler.plan_compiler import compile_plans, size_multiple
@@ -300,6 +301,15 @@ def test_a_window_is_split_where_the_switch_starts_to_pay(monkeypatch):
         other = next(g.plans[0] for g in gpu if g.plans[0].min_message_size <= size <= g.plans[0].max_message_size)
         assert size % size_multiple(other) == 0
         assert time_plan(plan, topo, size).time_us < time_plan(other, topo, size).time_us
+    # the NCCL hand-off times each window at both ends with what the search simulated already
+    sims = []
+    monkeypatch.setattr(plan_compiler, "time_plan", lambda *a: sims.append(a) or time_plan(*a))
+    ours_at = plan_compiler.plan_timer(ours, topo)
+    for cp in switched:
+        for end in (cp.window.window.min_bytes, cp.window.window.max_bytes):
+            at = plan_compiler.timed_size(cp.plans[0], end)
+            assert ours_at(cp.window, end) == time_plan(cp.plans[0], topo, at).time_us
+    assert not sims
 
 
 def test_a_piece_goes_to_the_plan_that_wins_most_at_its_worse_end():

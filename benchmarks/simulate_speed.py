@@ -18,7 +18,8 @@ XML = {"8x4": "dgx-h100-8x4", "8x16": "dgx-h100-8x16", "1024 (8x4x8x4)": "pod-8x
 PLANS = {"8x4, in-switch plan": "dgx-h100-8x4", "8x8, in-switch plan": "dgx-h100-8x8"}
 rows, seconds = [], {}
 with tempfile.TemporaryDirectory() as tmp:
-    cases = [(label, name, False) for label, name in XML.items()] + [(label, name, True) for label, name in PLANS.items()]
+    cases = [(label, name, False) for label, name in XML.items()]
+    cases += [(label, name, True) for label, name in PLANS.items()]
     for label, name, plan in cases:
         out = Path(tmp) / f"{name}.{'json' if plan else 'xml'}"
         how = ["--backend", "mscclpp"] if plan else ["--algo", "hierarchical"]

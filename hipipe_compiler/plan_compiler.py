@@ -226,10 +226,11 @@ Builder = Callable[[bool], ExecutionPlan]
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
                watch: Stopwatch) -> list[tuple[int, Builder, dict[int, SimResult]]]:
     """Where in-switch plans serve an all-reduce window: (from which size, which plan as a
-    builder per buffer mode, its out-of-place plan's times simulated on the way), ascending. The window is cut at powers of two; from the top
-    piece down, each piece takes the in-switch plan whose smaller gain over the translated
-    plan at the piece's two ends is the largest, until a piece where no in-switch plan beats
-    it at both ends. Adjacent pieces with the same plan merge."""
+    builder per buffer mode, the times of its out-of-place plan simulated on the way),
+    ascending. The window is cut at powers of two; from the top piece down, each piece takes
+    the in-switch plan whose smaller gain over the translated plan at the piece's two ends is
+    the largest, until a piece where no in-switch plan beats it at both ends. Adjacent pieces
+    with the same plan merge."""
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
         return []

@@ -27,15 +27,17 @@ from ..topology import Topology
 class Message:
     """Bytes on the network: `resources` it shares while moving, `remaining` wire bytes (as
     of `since`), and its current `rate`; `scale` multiplies the rate (in-switch reduction
-    runs at a fraction of the ports' capacity). `owner` is the executor's."""
+    runs at a fraction of the ports' capacity). `weights` counts it more than once on a
+    resource (in an orbit run, one resource stands for several). `owner` is the executor's."""
 
     __slots__ = ("owner", "resources", "remaining", "rate", "since", "version", "arrived", "arrival", "dim", "start",
-                 "scale", "alpha", "serial", "least")
+                 "scale", "alpha", "serial", "least", "weights")
 
     def __init__(self, owner: Any, resources: tuple, dim: int, wire_bytes: float, alpha: float = 0.0,
-                 scale: float = 1.0) -> None:
+                 scale: float = 1.0, weights: tuple[int, ...] | None = None) -> None:
         self.owner = owner
         self.resources = resources
+        self.weights = weights
         self.dim = dim
         self.remaining = wire_bytes
         self.alpha = alpha
@@ -58,17 +60,22 @@ class Network:
     """The event queue and the resources of one simulated call on `topology`.
 
     `quotient` times rank 0 alone, standing for every rank: a rank's ingress port then
-    carries the mirror image of its egress traffic, so ingress ports are left out."""
+    carries the mirror image of its egress traffic, so ingress ports are left out. `orbits`
+    also times rank 0 alone, for programs every rank runs shifted by its coordinates: each
+    resource stands for its orbit under those shifts (`orbit`), and a message counts once
+    on it for each resource of that orbit it uses."""
 
-    def __init__(self, topology: Topology, protocol: str, quotient: bool = False) -> None:
+    def __init__(self, topology: Topology, protocol: str, quotient: bool = False, orbits: bool = False) -> None:
         self.topology = topology
         self.protocol = protocol
         self.quotient = quotient
+        self.orbits = orbits
         self.now = 0.0
         self.events: list = []
         self.seq = 0
         self.active: dict[Hashable, set[Message]] = defaultdict(set)
-        self.share: dict[Hashable, float] = {}  # capacity / active messages, of each busy resource
+        self.load: dict[Hashable, int] = {}  # messages moving bytes on each busy resource, weights counted
+        self.share: dict[Hashable, float] = {}  # capacity / load, of each busy resource
         self.compact_floor = 1 << 12  # compact() when the queue holds twice what it did, and this many
         self.compact_at = self.compact_floor
         # a resource whose messages use it alone (a ring link; a port in a quotient run) is a
@@ -130,10 +137,22 @@ class Network:
             assert d is not None
             if self.quotient:
                 res = tuple((r, cap) for r, cap in res if r[0] != "in")
+            elif self.orbits:
+                res = tuple((self.orbit(r), cap) for r, cap in res)
             for r, cap in res:
                 self.capacity[r] = cap * 1e3  # bytes per microsecond
             self.link_cache[key] = (tuple(r for r, _cap in res), d, self.topology.dimensions[d].alpha(self.protocol))
         return self.link_cache[key]
+
+    def orbit(self, resource: Hashable) -> Hashable:
+        """The resource that stands for this one's orbit under the shifts of rank coordinates:
+        a port of rank 0, or a ring link out of rank 0."""
+        kind, a, b = resource  # type: ignore[misc]
+        if kind != "link":
+            return (kind, 0, b)
+        topo = self.topology
+        shift = tuple((cb - ca) % d.size for ca, cb, d in zip(topo.coords(a), topo.coords(b), topo.dimensions))
+        return ("link", 0, topo.rank(shift))
 
     def add_resource(self, resource: Hashable, capacity_GBps: float) -> None:
         """Declare a resource that no point-to-point link names (ports of a switch reduce)."""
@@ -154,9 +173,15 @@ class Network:
             ports = [("out", m, dim) for m in members] + [("in", rank, dim)]
         else:
             ports = [("out", rank, dim)] + [("in", m, dim) for m in members]
+        weights = None
+        if self.orbits:
+            counted = defaultdict(int)
+            for p in ports:
+                counted[self.orbit(p)] += 1
+            ports, weights = list(counted), tuple(counted.values())
         for p in ports:
             self.add_resource(p, d.bandwidth)
-        return Message(owner, tuple(ports), dim, nbytes, d.alpha("Simple"), d.nvls.efficiency)
+        return Message(owner, tuple(ports), dim, nbytes, d.alpha("Simple"), d.nvls.efficiency, weights)
 
     # -- messages
     def send(self, msg: Message) -> None:
@@ -171,7 +196,7 @@ class Network:
         if msg.remaining <= 0:
             self.arrive(msg)
             return
-        if len(msg.resources) == 1 and msg.scale == 1.0:
+        if len(msg.resources) == 1 and msg.scale == 1.0 and msg.weights is None:
             r = msg.resources[0]
             queue = self.shared.get(r)
             if queue is None:
@@ -183,13 +208,15 @@ class Network:
             heapq.heappush(queue[2], (queue[0] + msg.remaining, self.seq, msg))
             self.next_finish(r, queue)
             return
-        share = self.share
-        for r in msg.resources:
+        share, load = self.share, self.load
+        weights = msg.weights or (1,) * len(msg.resources)
+        for r, w in zip(msg.resources, weights):
             active = self.active[r]
             if not active:
                 self.busy_since[r] = self.now
             active.add(msg)
-            share[r] = self.capacity[r] / len(active)
+            load[r] = n = load.get(r, 0) + w
+            share[r] = self.capacity[r] / n
         # shares only fell, so another message's least share is its old one or a fallen one
         msg.least = min([share[r] for r in msg.resources])
         lowered = {msg}
@@ -202,16 +229,18 @@ class Network:
         self.reschedule(lowered)
 
     def finish_transfer(self, msg: Message) -> None:
-        share = self.share
+        share, load = self.share, self.load
         eased: set[Message] = set()  # messages whose least share was on a resource that rose
-        for r in msg.resources:
+        for r, w in zip(msg.resources, msg.weights or (1,) * len(msg.resources)):
             active = self.active[r]
             active.discard(msg)
             if active:
                 old = share[r]
-                share[r] = self.capacity[r] / len(active)
+                load[r] -= w
+                share[r] = self.capacity[r] / load[r]
                 eased.update(m for m in active if m.least == old)
             else:
+                del load[r]
                 self.busy_time[r] += self.now - self.busy_since.pop(r)
         msg.remaining = 0.0
         self.arrive(msg)

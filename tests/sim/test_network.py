@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from hipipe_compiler.sim.network import Message, Network
@@ -39,8 +40,13 @@ class _Checked(_Counting):
     def check(self) -> None:
         for active in self.active.values():
             for m in active:
-                assert m.rate == m.scale * min(self.capacity[r] / len(self.active[r]) for r in m.resources)
+                assert m.rate == m.scale * min(self.capacity[r] / _load(self.active[r], r) for r in m.resources)
                 self.checked += 1
+
+
+def _load(active: set[Message], r: object) -> int:
+    """Messages moving bytes on resource r, each counted as often as its weights say."""
+    return sum(1 if m.weights is None else m.weights[m.resources.index(r)] for m in active)
 
 
 #: messages put on the network: (when, put or switch reduce or store, from, to, bytes)
@@ -54,10 +60,11 @@ def _linked(sends: list[tuple]) -> list[tuple]:
     return [s for s in sends if s[1] != "put" or TOPOLOGY.link_resources(s[2], s[3]) is not None]
 
 
-def _arrivals(sends: list[tuple], floor: int, network: type[_Counting] = _Counting) -> tuple[list[tuple], _Counting]:
+def _arrivals(sends: list[tuple], floor: int, network: type[_Counting] = _Counting,
+              orbits: bool = False) -> tuple[list[tuple], _Counting]:
     """Every message's arrival time when `sends` are put on the network at their times, and
     the network (how often it compacted its queue, what it checked)."""
-    net = network(TOPOLOGY, "Simple")
+    net = network(TOPOLOGY, "Simple", orbits=orbits)
     net.compact_floor = net.compact_at = floor
     arrived: list[tuple] = []
     net.on_arrival = lambda m: arrived.append((m.owner, net.now))
@@ -90,9 +97,32 @@ def test_dropping_stale_events_changes_no_arrival(sends):
 
 
 @settings(max_examples=40, deadline=None)
-@given(SENDS)
-def test_rates_kept_up_to_date_are_the_ones_computed_from_scratch(sends):
+@given(SENDS, st.booleans())
+def test_rates_kept_up_to_date_are_the_ones_computed_from_scratch(sends, orbits):
+    """Also where each resource stands for its orbit and a switch message counts once for
+    each port of an orbit it uses."""
     sends = _linked(sends)
-    arrived, net = _arrivals(sends, 1 << 30, _Checked)
+    arrived, net = _arrivals(sends, 1 << 30, _Checked, orbits)
     assert len(arrived) == len(sends)
     assert net.checked > 0 or not any(kind != "put" for _at, kind, *_ in sends)
+    if orbits:
+        assert all(r[1] == 0 for r in net.capacity)  # only rank 0's resources stand
+
+
+
+def test_rank_0_alone_meets_the_load_every_rank_puts_on_its_ports():
+    """Every GPU of a node reduces in the switch while sending to the next node: rank 0's two
+    messages alone, each resource standing for its orbit, arrive when everyone's do."""
+    def run(orbits: bool) -> list[float]:
+        net = Network(TOPOLOGY, "Simple", orbits=orbits)
+        arrived: list[float] = []
+        net.on_arrival = lambda m: arrived.append(net.now) if m.owner[0] == 0 else None
+        for a in ([0] if orbits else range(TOPOLOGY.nranks)):
+            net.send(net.switch_message((a, "reduce"), "reduce", a, 0, 1 << 20))
+            resources, dim, alpha = net.link(a, TOPOLOGY.shift(a, 1, 1))
+            net.send(Message((a, "put"), resources, dim, 1 << 21, alpha))
+        net.run_until_idle()
+        return arrived
+    every, alone = run(False), run(True)
+    assert alone == pytest.approx(every, rel=1e-12)
+    assert len(alone) == 2 and alone[0] < alone[1]

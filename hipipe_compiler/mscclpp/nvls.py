@@ -34,7 +34,8 @@ def nvls_allreduce_plan(topology: Topology, name: str, inplace: bool, threadbloc
                         min_message_size: int = 0, max_message_size: int = MAX_MESSAGE_SIZE) -> ExecutionPlan:
     """The plan for every rank; PlanError where the topology is not one NVLS domain or the
     executor's channel limits do not fit it."""
-    if switch_domain(topology) is None:
+    domain = switch_domain(topology)
+    if domain is None:
         raise PlanError("in-switch plans need one switch dimension with nvls that spans every rank")
     n = topology.nranks
     if n - 1 > MAX_CHANNELS:
@@ -46,7 +47,8 @@ def nvls_allreduce_plan(topology: Topology, name: str, inplace: bool, threadbloc
     switch = tuple(Channel("switch", buffer_type=b, rank_groups=(ranks,)) for b in buffers)
     gpus = []
     for r in ranks:
-        peers = tuple(p for p in ranks if p != r)
+        # in the order of their shift from r: every rank runs rank 0's plan shifted (sim/plans.py)
+        peers = tuple(topology.shift(r, domain, delta) for delta in range(1, n))
         tbs = []
         for t in range(threadblocks):
             chunk = r * threadblocks + t

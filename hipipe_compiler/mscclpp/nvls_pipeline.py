@@ -154,8 +154,10 @@ def _gpu(topology: Topology, shape: Shape, stages: dict[str, Blocks], rank: int,
     h, k = topology.coord(rank, 0), topology.coord(rank, 1)
     node = topology.group(rank, 0)
     rail = topology.group(rank, 1)
-    node_peers = tuple(p for p in node if p != rank)
-    rail_peers = tuple(p for p in rail if p != rank)
+    # peers in the order of their shift from this rank, so that every rank runs rank 0's plan
+    # shifted by its coordinates (which lets the simulator time rank 0 alone)
+    node_peers = tuple(topology.shift(rank, 0, delta) for delta in range(1, len(node)))
+    rail_peers = tuple(topology.shift(rank, 1, delta) for delta in range(1, len(rail)))
     reduce_blocks, network_blocks, store_blocks = stages["reduce"], stages["network"], stages["store"]
     nr, nn, ns = len(reduce_blocks), len(network_blocks), len(store_blocks)
     semaphores: dict[tuple[object, ...], int] = {}

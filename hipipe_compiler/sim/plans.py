@@ -34,11 +34,12 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from typing import Callable
 
 from ..bounds import lower_bound, one_protocol_bound_us
 from ..hardware import WIRE_EFFICIENCY
-from ..mscclpp.plan import (PACKET_OPS, SWITCH_OPS, ExecutionPlan, Op, Operand, channel_pairs, message_sizes,
-                            packet_operand)
+from ..mscclpp.plan import (PACKET_OPS, SWITCH_OPS, ExecutionPlan, GpuPlan, Op, Operand, channel_pairs,
+                            message_sizes, packet_operand)
 from ..topology import Topology
 from .network import NETWORK_EVENTS, Message, Network
 from .simulate import DimensionUsage, Interval, SimResult, SimulationError
@@ -58,7 +59,12 @@ class _Run:
 
 
 class _Timer:
-    def __init__(self, plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False) -> None:
+    """Runs every rank's threadblocks, or with `orbits` rank 0's alone (exact where
+    `symmetric(plan)`): then what rank 0 sends to q, it receives from q's mirror image, and
+    each resource stands for its orbit (network.py)."""
+
+    def __init__(self, plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False,
+                 orbits: bool = False) -> None:
         if plan.ngpus != topology.nranks:
             raise SimulationError(f"the plan is for {plan.ngpus} ranks but the topology has {topology.nranks}", 2)
         inp, out = message_sizes(plan.collective, nbytes, plan.ngpus)
@@ -70,11 +76,13 @@ class _Timer:
             raise SimulationError(f"{nbytes} bytes are outside the plan's [min_message_size, max_message_size]", 2)
         self.plan, self.topology = plan, topology
         self.chunk = inp / g0.input_chunks
-        self.net = Network(topology, "Simple")
+        self.orbits = orbits
+        self.tables: dict[int, dict[str, list[tuple]]] = {}  # of rank 0 and its mirror images, in orbit runs
+        self.net = Network(topology, "Simple", orbits=orbits)
         self.net.on_arrival = self.arrive
         self.g = topology.reduce_bandwidth * 1e3 if topology.reduce_bandwidth else None
         self.runs = [_Run(g.id, tb.id, [n for op in tb.ops for n in ((op,) if op.name != "pipeline" else op.ops)])
-                     for g in plan.gpus for tb in g.threadblocks]
+                     for g in (plan.gpus[:1] if orbits else plan.gpus) for tb in g.threadblocks]
         self.tb_plan = {(g.id, tb.id): tb for g in plan.gpus for tb in g.threadblocks}
         self.pair = channel_pairs(plan)
         self.signals: dict[tuple, int] = defaultdict(int)  # arrived, not yet waited for
@@ -213,7 +221,8 @@ class _Timer:
         protocol = "LL" if op.name in PACKET_OPS else "Simple"
         # a memory put is stores streaming out: the signal behind it pays the latency
         alpha = self.topology.dimensions[dim].alpha(protocol) if protocol == "LL" or op.channel_type == "port" else 0.0
-        msg = Message((r, wait, ref.rank, (2 * o.index, 2 * o.end) if packet else None, self._tag(r, "send", ref.rank)),
+        lands = 0 if self.orbits else ref.rank  # rank 0 receives the packets it sends, from its mirror image
+        msg = Message((r, wait, lands, (2 * o.index, 2 * o.end) if packet else None, self._tag(r, "send", ref.rank)),
                       resources, dim, o.size * self.chunk / WIRE_EFFICIENCY[protocol], alpha)
         if wait:
             r.pending += 1
@@ -280,12 +289,26 @@ class _Timer:
         peer = self.pair.get(mine)
         if peer is None:
             raise SimulationError(f"rank {r.rank} {op.channel_type} channel {mine[2]} has no paired channel", 2)
+        _, dim, _ = self.net.link(r.rank, peer[0])
+        if self.orbits:  # rank 0 hears what its mirror image signals on the same channel
+            peer = self.pair[self.mirrored(peer[0], op.channel_type, mine[2])]
         tail = self.port_tail.get(mine) if op.channel_type == "port" else None
         if tail is not None and not tail.arrived:
             self.behind[id(tail)].append(peer)  # the proxy delivers in order: the signal follows the data
             return
-        _, dim, _ = self.net.link(r.rank, peer[0])
         self.net.schedule(self.net.now + self.topology.dimensions[dim].alpha("Simple"), "signal", peer)
+
+    def mirrored(self, rank: int, channel_type: str, index: int) -> tuple[int, str, int]:
+        """The endpoint of the rank whose coordinates are the negatives of rank's (its mirror
+        image) that stands where rank 0's channel `index` stands in rank 0's table: what rank 0
+        does towards `rank` on that channel, the mirror image does towards rank 0."""
+        topo = self.topology
+        mirror = topo.rank(tuple(-c % d.size for c, d in zip(topo.coords(rank), topo.dimensions)))
+        for r in (0, mirror):
+            if r not in self.tables:
+                self.tables[r] = _tables(self.plan.gpus[r], topo)
+        place = next(c for c, (_, i) in enumerate(self.tables[0][channel_type]) if i == index)
+        return mirror, channel_type, self.tables[mirror][channel_type][place][1]
 
     def deliver(self, endpoint: tuple) -> None:
         self.signals[endpoint] += 1
@@ -296,17 +319,84 @@ class _Timer:
             self.net.schedule(self.net.now, "go", r)
 
 
-def time_plan(plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False) -> SimResult:
+def _operand_shape(name: str, source: bool, k: int, o: Operand) -> tuple:
+    """What of an operand a time depends on: its place and size, and where it is packets, its
+    cells (a packet read waits for those); the offsets of plain data only say which data."""
+    return o.buffer, o.size, o.buffer_id, o.switch_channel_id, o.index if packet_operand(name, source, k) else None
+
+
+def _op_shape(op: Op) -> tuple:
+    return (op.name, op.channel_type, op.channel_ids, op.semaphore_ids, op.barrier_id, op.num_threadblocks, op.tbg,
+            op.unit_size, op.num_chunks, tuple(_operand_shape(op.name, True, k, o) for k, o in enumerate(op.src)),
+            tuple(_operand_shape(op.name, False, k, o) for k, o in enumerate(op.dst)),
+            tuple(_op_shape(n) for n in op.ops))
+
+
+def _shifts(gpu: GpuPlan, topology: Topology) -> Callable[[int], tuple[int, ...]]:
+    """Names a rank by its shift from this GPU's (coordinates, modulo each dimension)."""
+    here = topology.coords(gpu.id)
+    return lambda q: tuple((c - o) % d.size for c, o, d in zip(topology.coords(q), here, topology.dimensions))
+
+
+def _tables(gpu: GpuPlan, topology: Topology) -> dict[str, list[tuple]]:
+    """Each GPU-level table (memory and port channels, switch channels, peer buffers) as
+    (what the entry is, with peers as shifts; its index), in an order of the entries alone: the
+    indices are names, and the t-th channel to a peer keeps its place among that peer's."""
+    rel = _shifts(gpu, topology)
+    out: dict[str, list[tuple]] = {}
+    for t in ("memory", "port"):
+        seen: dict[int, int] = defaultdict(int)
+        entries = []
+        for i, p in enumerate(gpu.peers(t)):
+            entries.append(((rel(p), seen[p]), i))
+            seen[p] += 1
+        out[t] = sorted(entries)
+    out["switch"] = sorted(((b, tuple(sorted(map(rel, g)))), i) for i, (b, g) in enumerate(gpu.switch_groups()))
+    out["buffers"] = sorted(((rel(b.rank), b.type, b.access_channel_types), i) for i, b in enumerate(gpu.remote_buffers))
+    return out
+
+
+def _gpu_shape(gpu: GpuPlan, topology: Topology) -> tuple:
+    """A rank's plan with every peer named by its shift from the rank, its tables in a
+    canonical order, and data offsets left out."""
+    tables = _tables(gpu, topology)
+    place = {t: {i: c for c, (_, i) in enumerate(entries)} for t, entries in tables.items()}
+    entries = tuple((t, tuple(e for e, _ in tables[t])) for t in sorted(tables))
+    blocks = tuple((tb.id, tuple((c.channel_type, tuple(place[c.channel_type][i] for i in c.channel_ids))
+                                 for c in tb.channels),
+                    tuple((b.access_channel_type, tuple(place["buffers"][i] for i in b.remote_buffer_ids))
+                          for b in tb.remote_buffer_refs),
+                    tuple(map(_op_shape, tb.ops))) for tb in gpu.threadblocks)
+    return gpu.input_chunks, gpu.output_chunks, gpu.scratch_chunks, gpu.semaphores, entries, blocks
+
+
+def symmetric(plan: ExecutionPlan, topology: Topology) -> bool:
+    """True when every rank runs rank 0's plan shifted by its coordinates (peers, switch
+    groups, operations, sizes and packet cells; table order and data offsets may differ):
+    then timing rank 0 alone, each resource standing for its orbit, is exact."""
+    if plan.ngpus != topology.nranks or plan.ngpus < 2 or any(g.id != i for i, g in enumerate(plan.gpus)):
+        return False
+    first = _gpu_shape(plan.gpus[0], topology)
+    return all(_gpu_shape(g, topology) == first for g in plan.gpus[1:])
+
+
+def time_plan(plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False,
+              orbits: bool | None = None) -> SimResult:
     """Time one call of nbytes (the nccl-tests size) of an execution plan on a topology; with
     `record`, the result keeps every message (for timelines: `iteration` is the ordinal of its
     operation among the rank's of that name, `reduce` True for a switch reduce, False for a
-    multicast store and None for a put)."""
-    timer = _Timer(plan, topology, nbytes, record)
+    multicast store and None for a put). `orbits` times rank 0 alone; by default, where that
+    is exact (`symmetric`) and nothing is recorded."""
+    if orbits is None:
+        orbits = not record and symmetric(plan, topology)
+    timer = _Timer(plan, topology, nbytes, record, orbits)
     time = timer.run()
     bound = lower_bound(topology, plan.collective, nbytes)
     busy = timer.net.busy_fractions(time)
     n = topology.nranks
-    dims = tuple(DimensionUsage(topology.dim_name(d), timer.net.dim_bytes[d] / n, busy[d]) for d in range(topology.ndims))
+    senders = 1 if orbits else n
+    dims = tuple(DimensionUsage(topology.dim_name(d), timer.net.dim_bytes[d] / senders, busy[d])
+                 for d in range(topology.ndims))
     # T_LB1 is the limit of a one-protocol GPU-side program: it does not judge a plan that reduces in the switch
     one = None if timer.switch_dims else one_protocol_bound_us(topology, plan.collective, nbytes)
     return SimResult(plan.collective, nbytes, n, time, None if bound is None else bound.total_us, 1, dims,

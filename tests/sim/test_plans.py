@@ -6,13 +6,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
+from hipipe_compiler.errors import PlanError
+from hipipe_compiler.mscclpp.nvls import nvls_allreduce_plan
+from hipipe_compiler.mscclpp.nvls_pipeline import nvls_pipeline_plan, staggered
+from hipipe_compiler.mscclpp.plan import ExecutionPlan
+from hipipe_compiler.plan_compiler import timed_size
 from hipipe_compiler.plan_fitting import fit
-from hipipe_compiler.sim.plans import time_plan
+from hipipe_compiler.sim.plans import symmetric, time_plan
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
 from hipipe_compiler.sim import SimulationError, simulate_exact
 from hipipe_compiler.topology import Dimension, Topology
+
+from strategies import plans
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
@@ -59,3 +68,83 @@ def test_a_plan_that_never_signals_deadlocks():
                                                 for tb in g.threadblocks)) for g in plan.gpus)
     with pytest.raises(SimulationError, match="deadlock"):
         time_plan(replace(plan, gpus=gpus), topo, 1 << 20)
+
+
+# -- rank 0 alone, each resource standing for its orbit ------------------------------------------
+
+def _nvls_nodes(n: int, k: int) -> Topology:
+    return Topology((Dimension(n, "switch", 370.8, {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+                               nvls={"efficiency": 0.85, "call_latency": 5.0}),
+                     Dimension(k, "switch", 50, {"LL": 2.7, "LL128": 4.0, "Simple": 14.0})), call_latency=4.0)
+
+
+def _same_times(plan: ExecutionPlan, topo: Topology, nbytes: int) -> None:
+    alone, every = time_plan(plan, topo, nbytes, orbits=True), time_plan(plan, topo, nbytes, orbits=False)
+    assert alone.time_us == pytest.approx(every.time_us, rel=1e-9)
+    for a, b in zip(alone.dims, every.dims):
+        assert a.bytes_per_rank == pytest.approx(b.bytes_per_rank, rel=1e-9)
+        assert a.busy_fraction == pytest.approx(b.busy_fraction, rel=1e-6, abs=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 8), st.integers(2, 4), st.sampled_from([1, 2, 5, 12]), st.integers(1, 3), st.booleans(),
+       st.booleans(), st.sampled_from([1, 64, 8192]))
+def test_rank_0_alone_times_an_in_switch_pipeline_as_every_rank_does(n, k, chunks, lanes, stagger, inplace, per_chunk):
+    topo = _nvls_nodes(n, k)
+    lanes = min(lanes, chunks // 2) or 1
+    plan = nvls_pipeline_plan(topo, "p", inplace, chunks, lanes, staggered(chunks, lanes) if stagger else ())
+    assert symmetric(plan, topo)
+    _same_times(plan, topo, 16 * plan.gpus[0].input_chunks * per_chunk)
+
+
+@given(plans(max_ranks=16, max_chunks=3), st.sampled_from(["Simple", "LL"]), st.data())
+def test_rank_0_alone_times_any_plan_whose_ranks_are_shifts_of_it_as_every_rank_does(plan, protocol, data):
+    topo = plan.topology
+    node = data.draw(st.sampled_from([d for d in range(1, topo.nranks + 1) if topo.nranks % d == 0]))
+    try:
+        _, ep = fit(replace(plan, protocol=protocol), topo, "random", node_size=node)
+    except PlanError:
+        assume(False)
+    assume(symmetric(ep, topo))
+    nbytes = timed_size(ep, data.draw(st.sampled_from([1 << 16, 1 << 20, plan.max_bytes])))
+    try:
+        time_plan(ep, topo, nbytes, orbits=False)
+    except SimulationError:  # a size outside the plan's window
+        assume(False)
+    _same_times(ep, topo, nbytes)
+
+
+def test_one_node_in_switch_plans_are_seen_as_shifts_of_rank_0():
+    topo = preset("dgx-h100-8x1")
+    for threadblocks in (1, 3):
+        plan = nvls_allreduce_plan(topo, "n", False, threadblocks)
+        assert symmetric(plan, topo)
+        _same_times(plan, topo, 16 * plan.gpus[0].input_chunks * 1024)
+
+
+def test_a_rank_that_is_not_a_shift_of_rank_0_is_seen():
+    topo = _nvls_nodes(4, 3)
+    plan = nvls_pipeline_plan(topo, "p", False, 4, 2)
+    assert symmetric(plan, topo)
+
+    def with_gpu(rank: int, **changes: object) -> ExecutionPlan:
+        gpus = list(plan.gpus)
+        gpus[rank] = replace(gpus[rank], **changes)
+        return replace(plan, gpus=tuple(gpus))
+    g = plan.gpus[5]
+    # its peers across nodes in another order (each put then goes to another rank)
+    reordered = tuple(replace(c, connected_to=c.connected_to[::-1]) if c.channel_type == "port" else c
+                      for c in g.channels)
+    assert not symmetric(with_gpu(5, channels=reordered), topo)
+    # one operation a chunk longer
+    tb = g.threadblocks[0]
+    at = next(i for i, op in enumerate(tb.ops) if op.name == "glres")
+    op = tb.ops[at]
+    longer = replace(op, src=(replace(op.src[0], size=op.src[0].size + 1),))
+    blocks = (replace(tb, ops=tb.ops[:at] + (longer,) + tb.ops[at + 1:]), *g.threadblocks[1:])
+    assert not symmetric(with_gpu(5, threadblocks=blocks), topo)
+    # the same operations on other data: the same time
+    moved = replace(op, src=(replace(op.src[0], index=op.src[0].index + 1),))
+    blocks = (replace(tb, ops=tb.ops[:at] + (moved,) + tb.ops[at + 1:]), *g.threadblocks[1:])
+    assert symmetric(with_gpu(5, threadblocks=blocks), topo)
+    assert not symmetric(replace(plan, gpus=plan.gpus[:1]), topo)

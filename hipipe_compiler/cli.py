@@ -32,7 +32,7 @@ from .msccl.selection import size_refusal
 from .msccl.verify import Report, VerifyOptions, Violation, structural_violations, verify
 from .msccl.writer import DIALECTS
 from .presets import PRESETS, load_topology
-from .sim import SimulationError, simulate
+from .sim import SimulationError, simulate, simulate_exact
 from .topology import PROTOCOLS as PROTOCOL_ORDER
 from .training.planner import POLICIES
 from .training.profiles import A100_AMP
@@ -293,7 +293,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         bad = [r for r in args.rank if r >= topo.nranks]
         if bad:
             raise InputError(None, "--rank", f"expected ranks below {topo.nranks}, got {bad[0]}")
-    result = simulate(program, topo, args.size, record=bool(args.timeline))
+    # rank 0 alone where every rank runs its schedule shifted (exact); a timeline draws every rank
+    if args.timeline:
+        result = simulate(program, topo, args.size, record=True)
+    else:
+        result = simulate_exact(program, topo, args.size)
     if args.timeline:
         from .sim.timeline import render_timeline
         render_timeline(result, program, topo, args.timeline, args.rank, args.per_rank)

@@ -6,7 +6,8 @@ import re
 import pytest
 
 from hipipe_compiler.msccl import lexical_issues, read_program
-from hipipe_compiler.presets import load_topology
+from hipipe_compiler.presets import load_topology, preset
+from hipipe_compiler.sim import simulate
 
 from conftest import c1p, SAMPLES, real_xml_files, run_hipipe, shared_path
 
@@ -307,6 +308,9 @@ def test_simulate_prints_time_and_json(tmp_path):
     for key in ("time_us", "lower_bound_us", "utilisation", "algbw_GBps", "busbw_GBps", "iterations"):
         assert key in data
     assert 0 < data["utilisation"] <= 1
+    # timed on rank 0 alone (every rank runs its schedule shifted): what every rank's run gives
+    every = simulate(read_program(str(out)), preset("dgx-h100-8x4"), 64 << 20)
+    assert data["time_us"] == pytest.approx(every.time_us, rel=1e-9)
     wrong = run_hipipe("simulate", out, "--topo", "torus-4x4", "--size", "64MiB")
     assert wrong.returncode == 2 and "32 ranks" in wrong.stderr
 

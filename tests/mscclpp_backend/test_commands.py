@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hipipe_compiler.mscclpp.reader import read_plan
 from hipipe_compiler.mscclpp.verify import verify_plan
+from hipipe_compiler.presets import preset
+from hipipe_compiler.sim.plans import time_plan
 
 from conftest import run_hipipe
 
@@ -22,6 +26,8 @@ def test_one_plan_compiles_verifies_and_simulates(tmp_path):
     assert timed.returncode == 0, timed.stderr
     result = json.loads(timed.stdout)
     assert result["format"] == "mscclpp" and result["time_us"] >= result["lower_bound_us"] > 0
+    every = time_plan(plan, preset("dgx-h100-8x2"), 1 << 20, orbits=False)  # rank 0 alone stands for them
+    assert result["time_us"] == pytest.approx(every.time_us, rel=1e-9)
 
 
 def test_a_directory_holds_a_plan_per_buffer_mode_and_a_manifest(tmp_path):

@@ -33,7 +33,7 @@ from .mscclpp.writer import write_plan
 from .plan_fitting import fit
 from .schedule import hierarchical_plan
 from .sim import simulate_exact
-from .sim.plans import time_plan
+from .sim.plans import symmetric, time_plan
 from .sim.simulate import SimResult
 from .topology import Topology
 from .units import format_size
@@ -267,10 +267,13 @@ def _best_on_both_ends(topology: Topology, translated: ExecutionPlan, plans: lis
     gets every plan's time simulated here, by (index, size)."""
     top, low = ends
     timed = {} if known is None else known
+    orbits: dict[int, bool] = {}  # whether rank 0 alone times plan i: checked once, not per size
 
     def time(i: int, size: int) -> float:
         if (i, size) not in timed:
-            timed[(i, size)] = time_plan(plans[i], topology, size)
+            if i not in orbits:
+                orbits[i] = symmetric(plans[i], topology)
+            timed[(i, size)] = time_plan(plans[i], topology, size, orbits=orbits[i])
         return timed[(i, size)].time_us
     mine_top = time_plan(translated, topology, top).time_us
     mine_low = mine_top if low == top else time_plan(translated, topology, low).time_us

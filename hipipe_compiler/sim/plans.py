@@ -77,7 +77,7 @@ class _Timer:
         self.plan, self.topology = plan, topology
         self.chunk = inp / g0.input_chunks
         self.orbits = orbits
-        self.tables: dict[int, dict[str, list[tuple]]] = {}  # of rank 0 and its mirror images, in orbit runs
+        self.mirrors: dict[tuple, tuple[int, str, int]] = {}  # in orbit runs, by what rank 0 signals
         self.net = Network(topology, "Simple", orbits=orbits)
         self.net.on_arrival = self.arrive
         self.g = topology.reduce_bandwidth * 1e3 if topology.reduce_bandwidth else None
@@ -302,13 +302,14 @@ class _Timer:
         """The endpoint of the rank whose coordinates are the negatives of rank's (its mirror
         image) that stands where rank 0's channel `index` stands in rank 0's table: what rank 0
         does towards `rank` on that channel, the mirror image does towards rank 0."""
-        topo = self.topology
-        mirror = topo.rank(tuple(-c % d.size for c, d in zip(topo.coords(rank), topo.dimensions)))
-        for r in (0, mirror):
-            if r not in self.tables:
-                self.tables[r] = _tables(self.plan.gpus[r], topo)
-        place = next(c for c, (_, i) in enumerate(self.tables[0][channel_type]) if i == index)
-        return mirror, channel_type, self.tables[mirror][channel_type][place][1]
+        key = (rank, channel_type, index)
+        if key not in self.mirrors:
+            topo = self.topology
+            mirror = topo.rank(tuple(-c % d.size for c, d in zip(topo.coords(rank), topo.dimensions)))
+            mine, theirs = (_tables(self.plan.gpus[r], topo)[channel_type] for r in (0, mirror))
+            place = next(c for c, (_, i) in enumerate(mine) if i == index)
+            self.mirrors[key] = (mirror, channel_type, theirs[place][1])
+        return self.mirrors[key]
 
     def deliver(self, endpoint: tuple) -> None:
         self.signals[endpoint] += 1
@@ -376,8 +377,11 @@ def symmetric(plan: ExecutionPlan, topology: Topology) -> bool:
     then timing rank 0 alone, each resource standing for its orbit, is exact."""
     if plan.ngpus != topology.nranks or plan.ngpus < 2 or any(g.id != i for i, g in enumerate(plan.gpus)):
         return False
-    first = _gpu_shape(plan.gpus[0], topology)
-    return all(_gpu_shape(g, topology) == first for g in plan.gpus[1:])
+    try:
+        first = _gpu_shape(plan.gpus[0], topology)
+        return all(_gpu_shape(g, topology) == first for g in plan.gpus[1:])
+    except (KeyError, IndexError, ValueError):  # a table index out of range: the full run names it
+        return False
 
 
 def time_plan(plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False,

@@ -46,10 +46,11 @@ print(json.dumps({"seconds": time.perf_counter() - start, "returncode": done.ret
 """
 
 
-def run_command(args: list[str], cwd: Path | None = None) -> dict:
+def run_command(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> dict:
     """Run a command to the end, as a user would: its wall seconds (interpreter start and
     imports included), peak MiB, exit code and output."""
-    done = subprocess.run([sys.executable, "-c", _WRAPPER, *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", _WRAPPER, *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env=env)
     *lines, last = done.stderr.rstrip("\n").split("\n")
     return {**json.loads(last), "stdout": done.stdout, "stderr": "\n".join(lines)}
 

@@ -234,12 +234,13 @@ def compile_ratio() -> str:
         return ""
     data = json.loads(path.read_text())
     base, runs = data["base"], data["topologies"]
-    ratios = _joined([f"{r['ratio']:.2f}x for {t.split()[0]}" for t, r in runs.items()])
+    ratios = _joined([f"{r['ratio']:.2f} ({t.split()[0]})" for t, r in runs.items()])
     held = all(r["ratio"] <= 1 / 3 for r in runs.values())
     worst = max(r["worst_window_ratio"] for r in runs.values())
-    return (f" Against commit {base}, compiled one after the other in one run (`python benchmarks/compile_ratio.py`), "
-            f"the directories take {ratios} its time, with no window's program slower than {worst:.4f}x its "
-            f"program; the target of a third of that time is {'met' if held else 'missed'}.")
+    return (f" Against the code of commit {base}, both compiled one after the other in one run (`python "
+            f"benchmarks/compile_ratio.py`), the directories take {ratios} times as long, and no window's "
+            f"program is slower than that commit's (at most {worst:.4f} times its time); the target of a third "
+            f"of that commit's time is {'met' if held else 'missed'}.")
 
 
 def training_table() -> str:

@@ -252,6 +252,15 @@ class Topology:
         """The rank at the given coordinates."""
         return sum(c * s for c, s in zip(coords, self._strides))
 
+    def offset(self, a: int, b: int) -> tuple[int, ...]:
+        """Where b lies seen from a: b's coordinates minus a's, modulo each dimension's size."""
+        return tuple((cb - ca) % d.size for ca, cb, d in zip(self.coords(a), self.coords(b), self.dimensions))
+
+    def mirror(self, rank: int) -> int:
+        """The rank at rank's negated coordinates: where every rank runs rank 0's schedule
+        shifted, it does towards rank 0 what rank 0 does towards `rank`."""
+        return self.rank(tuple(-c % d.size for c, d in zip(self.coords(rank), self.dimensions)))
+
     def shift(self, rank: int, d: int, delta: int) -> int:
         """The rank whose coordinate in dimension d is c_d + delta (mod n_d), others equal."""
         n, s = self.dimensions[d].size, self._strides[d]

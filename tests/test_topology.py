@@ -37,6 +37,19 @@ def test_shift_moves_one_coordinate(topo, data):
     assert all(cs[j] == cr[j] for j in range(topo.ndims) if j != d)
 
 
+@given(topologies(max_ranks=128), st.data())
+def test_offsets_shift_one_rank_onto_another_and_mirrors_undo_them(topo, data):
+    a, b = (data.draw(st.integers(0, topo.nranks - 1)) for _ in range(2))
+    moved = a
+    for d, delta in enumerate(topo.offset(a, b)):
+        moved = topo.shift(moved, d, delta)
+    assert moved == b
+    assert topo.offset(a, a) == (0,) * topo.ndims
+    # what rank 0 does towards b, b's mirror image does towards rank 0
+    assert topo.offset(topo.mirror(b), 0) == topo.offset(0, b)
+    assert topo.mirror(topo.mirror(b)) == b
+
+
 @given(topologies(max_ranks=64))
 def test_link_rule(topo):
     """switch: any pair whose highest differing dimension is a switch; ring: neighbours in that

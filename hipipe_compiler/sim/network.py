@@ -148,11 +148,7 @@ class Network:
         """The resource that stands for this one's orbit under the shifts of rank coordinates:
         a port of rank 0, or a ring link out of rank 0."""
         kind, a, b = resource  # type: ignore[misc]
-        if kind != "link":
-            return (kind, 0, b)
-        topo = self.topology
-        shift = tuple((cb - ca) % d.size for ca, cb, d in zip(topo.coords(a), topo.coords(b), topo.dimensions))
-        return ("link", 0, topo.rank(shift))
+        return (kind, 0, b) if kind != "link" else ("link", 0, self.topology.rank(self.topology.offset(a, b)))
 
     def add_resource(self, resource: Hashable, capacity_GBps: float) -> None:
         """Declare a resource that no point-to-point link names (ports of a switch reduce)."""

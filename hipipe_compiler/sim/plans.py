@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from typing import Callable
+from functools import partial
 
 from ..bounds import lower_bound, one_protocol_bound_us
 from ..hardware import WIRE_EFFICIENCY
@@ -78,6 +78,7 @@ class _Timer:
         self.chunk = inp / g0.input_chunks
         self.orbits = orbits
         self.mirrors: dict[tuple, tuple[int, str, int]] = {}  # in orbit runs, by what rank 0 signals
+        self.rank_tables: dict[int, dict[str, list[tuple]]] = {}  # of rank 0 and its mirror images
         self.net = Network(topology, "Simple", orbits=orbits)
         self.net.on_arrival = self.arrive
         self.g = topology.reduce_bandwidth * 1e3 if topology.reduce_bandwidth else None
@@ -304,12 +305,16 @@ class _Timer:
         does towards `rank` on that channel, the mirror image does towards rank 0."""
         key = (rank, channel_type, index)
         if key not in self.mirrors:
-            topo = self.topology
-            mirror = topo.rank(tuple(-c % d.size for c, d in zip(topo.coords(rank), topo.dimensions)))
-            mine, theirs = (_tables(self.plan.gpus[r], topo)[channel_type] for r in (0, mirror))
+            mirror = self.topology.mirror(rank)
+            mine, theirs = (self.tables(r)[channel_type] for r in (0, mirror))
             place = next(c for c, (_, i) in enumerate(mine) if i == index)
             self.mirrors[key] = (mirror, channel_type, theirs[place][1])
         return self.mirrors[key]
+
+    def tables(self, rank: int) -> dict[str, list[tuple]]:
+        if rank not in self.rank_tables:
+            self.rank_tables[rank] = _tables(self.plan.gpus[rank], self.topology)
+        return self.rank_tables[rank]
 
     def deliver(self, endpoint: tuple) -> None:
         self.signals[endpoint] += 1
@@ -333,17 +338,11 @@ def _op_shape(op: Op) -> tuple:
             tuple(_op_shape(n) for n in op.ops))
 
 
-def _shifts(gpu: GpuPlan, topology: Topology) -> Callable[[int], tuple[int, ...]]:
-    """Names a rank by its shift from this GPU's (coordinates, modulo each dimension)."""
-    here = topology.coords(gpu.id)
-    return lambda q: tuple((c - o) % d.size for c, o, d in zip(topology.coords(q), here, topology.dimensions))
-
-
 def _tables(gpu: GpuPlan, topology: Topology) -> dict[str, list[tuple]]:
     """Each GPU-level table (memory and port channels, switch channels, peer buffers) as
     (what the entry is, with peers as shifts; its index), in an order of the entries alone: the
     indices are names, and the t-th channel to a peer keeps its place among that peer's."""
-    rel = _shifts(gpu, topology)
+    rel = partial(topology.offset, gpu.id)
     out: dict[str, list[tuple]] = {}
     for t in ("memory", "port"):
         seen: dict[int, int] = defaultdict(int)

@@ -259,9 +259,7 @@ class _Simulator:
         queue = self.recv_queues.get(tb.key)
         if queue is None:
             if self.quotient:
-                topo = self.topology
-                mirror = topo.rank(tuple(-c % d.size for c, d in zip(topo.coords(tb.recv), topo.dimensions)))
-                queue = (tb.chan, tb.rank, mirror)
+                queue = (tb.chan, tb.rank, self.topology.mirror(tb.recv))
             else:
                 queue = (tb.chan, tb.recv, tb.rank)
             self.recv_queues[tb.key] = queue
@@ -413,10 +411,8 @@ def probe_ranks(topology: Topology) -> list[int]:
 def _shape(gpu, topology: Topology) -> tuple:
     """What decides a rank's timing: its threadblocks' channels, peers relative to the rank,
     and steps (type, count, dependencies), but not the buffer offsets."""
-    here = topology.coords(gpu.id)
-
     def rel(q: int):
-        return None if q < 0 else tuple((c - o) % d.size for c, o, d in zip(topology.coords(q), here, topology.dimensions))
+        return None if q < 0 else topology.offset(gpu.id, q)
     return tuple((tb.chan, rel(tb.send), rel(tb.recv), tuple((st.type, st.cnt, st.depid, st.deps) for st in tb.steps))
                  for tb in gpu.threadblocks)
 

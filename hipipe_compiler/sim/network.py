@@ -19,6 +19,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
+from itertools import repeat
 from typing import Any, Callable, Hashable
 
 from ..topology import Topology
@@ -205,8 +206,7 @@ class Network:
             self.next_finish(r, queue)
             return
         share, load = self.share, self.load
-        weights = msg.weights or (1,) * len(msg.resources)
-        for r, w in zip(msg.resources, weights):
+        for r, w in zip(msg.resources, msg.weights or repeat(1)):
             active = self.active[r]
             if not active:
                 self.busy_since[r] = self.now
@@ -227,7 +227,7 @@ class Network:
     def finish_transfer(self, msg: Message) -> None:
         share, load = self.share, self.load
         eased: set[Message] = set()  # messages whose least share was on a resource that rose
-        for r, w in zip(msg.resources, msg.weights or (1,) * len(msg.resources)):
+        for r, w in zip(msg.resources, msg.weights or repeat(1)):
             active = self.active[r]
             active.discard(msg)
             if active:

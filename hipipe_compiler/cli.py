@@ -293,14 +293,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         bad = [r for r in args.rank if r >= topo.nranks]
         if bad:
             raise InputError(None, "--rank", f"expected ranks below {topo.nranks}, got {bad[0]}")
-    # rank 0 alone where every rank runs its schedule shifted (exact); a timeline draws every rank
-    if args.timeline:
+    if args.timeline:  # draws every rank
         result = simulate(program, topo, args.size, record=True)
-    else:
-        result = simulate_exact(program, topo, args.size)
-    if args.timeline:
         from .sim.timeline import render_timeline
         render_timeline(result, program, topo, args.timeline, args.rank, args.per_rank)
+    else:  # rank 0 alone where every rank runs its schedule shifted: exact
+        result = simulate_exact(program, topo, args.size)
     # timed all the same: what the program would take is still worth knowing
     refused = size_refusal(program, args.size)
     notes = [f"the runtime would not run this program for a call of {format_size(args.size)} (float32): {refused}"] if refused else []

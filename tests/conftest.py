@@ -117,6 +117,13 @@ def run_hipipe(*args: str, cwd: Path | None = None, timeout: float = 600) -> sub
     return subprocess.run([*hipipe_command(), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+def nvls_nodes(n: int, k: int, efficiency: float = 0.85) -> Topology:
+    """k H100-like nodes of n GPUs, whose NVSwitch reduces (nvls), on one switch network."""
+    return Topology((Dimension(n, "switch", 370.8, {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+                               nvls={"efficiency": efficiency, "call_latency": 5.0}),
+                     Dimension(k, "switch", 50, {"LL": 2.7, "LL128": 4.0, "Simple": 14.0})), call_latency=4.0)
+
+
 def c1p(nodes: int = 4) -> Topology:
     """C1p of the benchmark grid (C1 with NCCL's per-protocol latencies): 8-GPU NVSwitch nodes
     at 300 GB/s over a 50 GB/s NIC per GPU, uncalibrated: the tests' fixed machine, where the

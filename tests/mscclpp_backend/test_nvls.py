@@ -21,6 +21,7 @@ from hipipe_compiler.sim.plans import time_plan
 from hipipe_compiler.sim.simulate import SimulationError
 from hipipe_compiler.topology import Dimension, Topology
 
+from conftest import nvls_nodes as nodes
 from plan_mutations import _drop_first, _edit_ops, _first_op
 
 
@@ -154,12 +155,6 @@ def test_every_mutation_of_an_in_switch_plan_is_rejected(name, inplace):
 
 
 # -- pipelines across nodes ---------------------------------------------------------------------
-
-def nodes(n: int, k: int, efficiency: float = 0.85) -> Topology:
-    return Topology((Dimension(n, "switch", 370.8, {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
-                               nvls={"efficiency": efficiency, "call_latency": 5.0}),
-                     Dimension(k, "switch", 50, {"LL": 2.7, "LL128": 4.0, "Simple": 14.0})), call_latency=4.0)
-
 
 @given(st.integers(2, 8), st.integers(2, 5), st.sampled_from([1, 2, 3, 7, 20, 40]), st.booleans(), st.integers(1, 3),
        st.booleans())

@@ -109,7 +109,6 @@ def test_rates_kept_up_to_date_are_the_ones_computed_from_scratch(sends, orbits)
         assert all(r[1] == 0 for r in net.capacity)  # only rank 0's resources stand
 
 
-
 def test_rank_0_alone_meets_the_load_every_rank_puts_on_its_ports():
     """Every GPU of a node reduces in the switch while sending to the next node: rank 0's two
     messages alone, each resource standing for its orbit, arrive when everyone's do."""

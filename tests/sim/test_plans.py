@@ -21,6 +21,7 @@ from hipipe_compiler.schedule import hierarchical_plan
 from hipipe_compiler.sim import SimulationError, simulate_exact
 from hipipe_compiler.topology import Dimension, Topology
 
+from conftest import nvls_nodes
 from strategies import plans
 
 
@@ -72,12 +73,6 @@ def test_a_plan_that_never_signals_deadlocks():
 
 # -- rank 0 alone, each resource standing for its orbit ------------------------------------------
 
-def _nvls_nodes(n: int, k: int) -> Topology:
-    return Topology((Dimension(n, "switch", 370.8, {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
-                               nvls={"efficiency": 0.85, "call_latency": 5.0}),
-                     Dimension(k, "switch", 50, {"LL": 2.7, "LL128": 4.0, "Simple": 14.0})), call_latency=4.0)
-
-
 def _same_times(plan: ExecutionPlan, topo: Topology, nbytes: int) -> None:
     alone, every = time_plan(plan, topo, nbytes, orbits=True), time_plan(plan, topo, nbytes, orbits=False)
     assert alone.time_us == pytest.approx(every.time_us, rel=1e-9)
@@ -90,7 +85,7 @@ def _same_times(plan: ExecutionPlan, topo: Topology, nbytes: int) -> None:
 @given(st.integers(2, 8), st.integers(2, 4), st.sampled_from([1, 2, 5, 12]), st.integers(1, 3), st.booleans(),
        st.booleans(), st.sampled_from([1, 64, 8192]))
 def test_rank_0_alone_times_an_in_switch_pipeline_as_every_rank_does(n, k, chunks, lanes, stagger, inplace, per_chunk):
-    topo = _nvls_nodes(n, k)
+    topo = nvls_nodes(n, k)
     lanes = min(lanes, chunks // 2) or 1
     plan = nvls_pipeline_plan(topo, "p", inplace, chunks, lanes, staggered(chunks, lanes) if stagger else ())
     assert symmetric(plan, topo)
@@ -123,7 +118,7 @@ def test_one_node_in_switch_plans_are_seen_as_shifts_of_rank_0():
 
 
 def test_a_rank_that_is_not_a_shift_of_rank_0_is_seen():
-    topo = _nvls_nodes(4, 3)
+    topo = nvls_nodes(4, 3)
     plan = nvls_pipeline_plan(topo, "p", False, 4, 2)
     assert symmetric(plan, topo)
 

@@ -33,6 +33,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
         dtype_bytes=DTYPES[args.dtype], limits=Limits.for_runtime(args.runtime, args.max_tbs),
         max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=_bucket_setting(args.max_bucket_nchunksperloop),
+        jobs=args.jobs,
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
     planner = None

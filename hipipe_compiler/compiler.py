@@ -66,6 +66,8 @@ class CompileOptions:
     # cap the element multiple where gradient buckets land (ranged windows below BUCKET_WINDOW):
     # "auto" is BUCKET_NCHUNKSPERLOOP where the topology leaves room for it (BUCKET_ROOM); None: no cap
     max_bucket_nchunksperloop: int | Literal["auto"] | None = "auto"
+    # worker processes that simulate the search's candidates ahead of it: sooner, never different
+    jobs: int = field(default=1, compare=False)
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ def hipipe_planner(topology: Topology, options: CompileOptions, windows: Sequenc
     caps = bucket_caps(topology, options, windows)
     choices = optimize(topology, options.collective, [(w.min_bytes, w.max_bytes) for w in windows], options.limits,
                        progress=tick, dtype_bytes=options.dtype_bytes, max_nchunksperloop=options.max_nchunksperloop,
-                       caps=caps)
+                       caps=caps, jobs=options.jobs)
     return [(c.plan, {"choice": c.knobs.label if c.knobs else c.plan.label, "alternatives": c.alternatives,
                       "bucket_cap": cap}) for c, cap in zip(choices, caps)]
 

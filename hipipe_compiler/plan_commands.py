@@ -35,7 +35,7 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     options = CompileOptions(
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
         dtype_bytes=DTYPES[args.dtype], limits=replace(Limits(), max_threadblocks=args.max_tbs),
-        max_nchunksperloop=args.max_nchunksperloop,
+        max_nchunksperloop=args.max_nchunksperloop, jobs=args.jobs,
         max_bucket_nchunksperloop="auto" if args.max_bucket_nchunksperloop is None else args.max_bucket_nchunksperloop or None,
     )
     lo, hi = args.sizes if directory else (args.size, args.size)

@@ -1,7 +1,8 @@
 """The HiPIPE search: for a topology, collective and size window, candidate plans (knobs.py,
 candidates.py) and the baselines are lowered and simulated, and the simulator is the judge
-(design.md "Optimizer"): a coarse sweep, coordinate descent over every knob from the best few, and the
-finalists judged again at both ends of the window.
+(judge.py; design.md "Optimizer"): a coarse sweep, coordinate descent over every knob from the best
+few, and the finalists judged again at both ends of the window. With workers, the candidates
+the search is about to ask for are simulated ahead (`ahead`): the same choices, sooner.
 
 >>> from hipipe_compiler.presets import preset
 >>> [choice] = optimize(preset("dgx-h100-8x2"), "allreduce", [(1 << 20, 1 << 20)])
@@ -12,6 +13,7 @@ True
 from __future__ import annotations
 
 import math
+from contextlib import closing
 from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Callable, Iterable, Iterator, Sequence
@@ -19,18 +21,15 @@ from typing import Callable, Iterable, Iterator, Sequence
 from ..bounds import lower_bound_us
 from ..collector import settling
 from ..errors import PlanError
-from ..lower import lower, lowering_key, same_schedule
-from ..msccl.program import PROTOCOLS, Program
-from ..msccl.runtime import Limits
-from ..msccl.selection import count_multiple
+from ..msccl.program import PROTOCOLS
 from ..schedule.baselines import default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
 from ..schedule.plan import Plan, plan_shape
 from ..schedule.trees import nccl_tree_fits
-from ..sim.simulate import SimulationError, probe_ranks, simulate
 from ..topology import Topology
 from .candidates import (BANDWIDTH_WINDOW, LARGE_WINDOW, MAX_CHUNKS, chunk_limit, coarse_sweep, extra_sweep,
                          has_large_switch, protocol_choices)
+from .judge import Evaluation, Search
 from .knobs import Knobs, build_plan
 
 
@@ -67,95 +66,6 @@ BIDIR_TRIALS = 6
 #: time so far is not lowered or simulated: it cannot win, and the margin keeps the near
 #: misses that may still rank among the descent's seeds and the finalists.
 FLOOR_MARGIN = 0.05
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """One candidate plan and its simulated times at the sizes it was judged at."""
-
-    knobs: Knobs | None
-    plan: Plan
-    times_us: tuple[float, ...]
-    score: float  # mean of T / T_LB over the judged sizes (lower is better)
-
-
-class Search:
-    """Judges candidate plans with the quotient simulator, caching lowered programs."""
-
-    def __init__(self, topology: Topology, collective: str, limits: Limits | None = None, dtype_bytes: int = 4,
-                 max_nchunksperloop: int | None = None) -> None:
-        self.topology = topology
-        self.collective = collective
-        self.limits = limits or Limits()
-        self.dtype_bytes = dtype_bytes
-        self.max_nchunksperloop = max_nchunksperloop
-        self.programs: dict = {}
-        self.symmetric: dict = {}
-        self.times: dict = {}
-        self.evaluations = 0
-
-    def _lowered(self, plan: Plan, baseline: bool) -> tuple[Program, bool] | None:
-        """The program to simulate and whether rank 0 alone stands for every rank, or None
-        when the plan does not fit the runtime. A flat ring is never the same on every rank;
-        a baseline whose ranks differ (see `exact`) is simulated in full, since HiPIPE must
-        beat its real time."""
-        try:
-            if plan.flat:
-                return lower(plan, self.limits), False
-            rank0 = lower(plan, self.limits, ranks=[0])  # fails fast when the plan does not fit
-            if baseline and not self.exact(plan):
-                return lower(plan, self.limits), False
-            return rank0, True
-        except PlanError:
-            return None
-
-    def divides(self, plan: Plan, nbytes: int) -> bool:
-        """The runtime only runs a program when nchunksperloop divides the element count."""
-        return nbytes % (plan.nchunksperloop * self.dtype_bytes) == 0
-
-    def allowed(self, plan: Plan, cap: int | None = None) -> bool:
-        """Whether the plan's nchunksperloop is within the user's cap (--max-nchunksperloop),
-        and the element multiple its calls need within the window's own `cap`, if any."""
-        if self.max_nchunksperloop is not None and plan.nchunksperloop > self.max_nchunksperloop:
-            return False
-        return cap is None or count_multiple(plan.collective, self.topology.nranks, plan.nchunksperloop) <= cap
-
-    def exact(self, plan: Plan) -> bool:
-        """Whether rank 0 alone times `plan` exactly: every probe rank runs rank 0's schedule
-        shifted. Checked only for candidates that could win."""
-        if plan.flat:
-            return True  # simulated in full
-        key = lowering_key(plan)
-        if key not in self.symmetric:
-            try:
-                self.symmetric[key] = same_schedule(plan, probe_ranks(self.topology), self.limits)
-            except PlanError:
-                self.symmetric[key] = False
-        return self.symmetric[key]
-
-    def judge(self, plan: Plan, sizes: Sequence[int], knobs: Knobs | None = None) -> Evaluation | None:
-        """Simulate `plan` at each size (rank 0 alone when that is exact); None when the plan
-        does not fit the runtime or is not the same on every rank."""
-        key = lowering_key(plan)
-        if key not in self.programs:
-            self.programs[key] = self._lowered(plan, baseline=knobs is None)
-        entry = self.programs[key]
-        if entry is None:
-            return None
-        program, quotient = entry
-        times = []
-        for size in sizes:
-            tkey = (key, size)
-            if tkey not in self.times:
-                self.evaluations += 1
-                try:
-                    self.times[tkey] = simulate(program, self.topology, size, quotient=quotient).time_us
-                except SimulationError:
-                    self.times[tkey] = math.inf
-            times.append(self.times[tkey])
-        bounds = (lower_bound_us(self.topology, self.collective, s, in_switch=False) or 1.0 for s in sizes)
-        score = sum(t / b for t, b in zip(times, bounds)) / len(sizes)
-        return Evaluation(knobs, plan, tuple(times), score)
 
 
 def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence[str] = ("Simple", "LL128"),
@@ -298,14 +208,19 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         """Whether the plan's time floor already loses to the best of these scores."""
         return time_floor_us(plan, nominal, topo) / bound > min(scores, default=math.inf) * (1 + FLOOR_MARGIN)
 
+    baseline_plans = _baselines(topo, coll, min_bytes, max_bytes, nominal)
+    protocol_plans = _protocol_baselines(topo, coll, min_bytes, max_bytes, nominal)
+    for knobs, plan in (*baseline_plans, *((None, p) for p in protocol_plans)):
+        if allowed(plan) and not plan.flat:  # a flat ring is judged only if the others leave it a chance
+            search.prefetch(plan, middle, knobs)
     base_evals: list[Evaluation | None] = []
-    for knobs, plan in _baselines(topo, coll, min_bytes, max_bytes, nominal):
+    for knobs, plan in baseline_plans:
         if allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle, knobs))
     # the baselines under other protocols and NCCL's tree compete too, but take nothing from
     # the descent's budget
     before = search.evaluations
-    for plan in _protocol_baselines(topo, coll, min_bytes, max_bytes, nominal):
+    for plan in protocol_plans:
         if allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle))
     start += search.evaluations - before
@@ -319,47 +234,83 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     max_chunks = chunk_limit(topo, nominal)
 
-    def attempt(knobs: Knobs) -> Evaluation | None:
-        nonlocal skipped
+    built: dict[Knobs, tuple[list[Knobs], Plan]] = {}
+    foreseen: set[Knobs] = set()
+
+    def normal(knobs: Knobs) -> Knobs | None:
+        """The knobs as they run, or None when they were tried or are out of range."""
         if forced:
             knobs = replace(knobs, **forced)  # type: ignore[arg-type]
         if knobs.oneshot and allreduce:
             knobs = replace(knobs, bidir=False)  # one-shot plans run their ring stages both ways anyway
         if knobs in tried or knobs.chunks < 1 or (knobs.chunks > max_chunks and not forced):
             return None
-        tried.add(knobs)
-        plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
-        while not allowed(plan) and knobs.granularity > 1:  # as fine as the cap asks
-            knobs = replace(knobs, granularity=knobs.granularity // 2)
-            tried.add(knobs)
+        return knobs
+
+    def build(knobs: Knobs) -> tuple[list[Knobs], Plan]:
+        """The plan of the knobs made as fine as the cap asks, after the knobs on the way there."""
+        if knobs not in built:
+            path = [knobs]
             plan = build_plan(topo, coll, min_bytes, max_bytes, knobs, nominal)
-        if (strict and not selectable(plan)) or not allowed(plan):
+            while not allowed(plan) and path[-1].granularity > 1:
+                path.append(replace(path[-1], granularity=path[-1].granularity // 2))
+                plan = build_plan(topo, coll, min_bytes, max_bytes, path[-1], nominal)
+            built[knobs] = (path, plan)
+        return built[knobs]
+
+    def promising(plan: Plan) -> bool:
+        return not ((strict and not selectable(plan)) or not allowed(plan))
+
+    def attempt(knobs: Knobs) -> Evaluation | None:
+        nonlocal skipped
+        normalised = normal(knobs)
+        if normalised is None:
+            return None
+        path, plan = build(normalised)
+        tried.update(path)
+        if not promising(plan):
             return None
         if hopeless(plan, (e.score for e in evals)):
             skipped += 1
             return None
-        ev = search.judge(plan, middle, knobs)
+        ev = search.judge(plan, middle, path[-1])
         if ev is not None:
             evals.append(ev)
         return ev
 
+    def ahead(items: Iterable[Knobs]) -> Iterator[Knobs]:
+        """The items, while the workers (if any) simulate what the next few would ask for."""
+        items = list(items)
+        depth = 2 * search.workers.jobs if search.workers is not None else 0
+        for i, knobs in enumerate(items):
+            for following in items[i + 1:i + 1 + depth]:
+                normalised = normal(following)
+                if normalised is not None and normalised not in foreseen:
+                    foreseen.add(normalised)
+                    path, plan = build(normalised)
+                    if promising(plan) and not hopeless(plan, (e.score for e in evals)):
+                        search.prefetch(plan, middle, path[-1])
+            yield knobs
+
     large = nominal >= LARGE_WINDOW  # windows whose programs can be made size-independent
     coarse = coarse_sweep(max_chunks, allreduce, large)
-    for knobs in (*seeds, *coarse):
+    for knobs in ahead((*seeds, *coarse)):
         attempt(knobs)
     # the other protocols, trees and shapes the descent seldom reaches are swept on top,
     # taking nothing from the descent's budget
     extra = extra_sweep(topo, nominal, max_chunks, allreduce, large)
     before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
-    for knobs in extra:
+    for knobs in ahead(extra):
         attempt(knobs)
     start += search.evaluations - before
     skipped = skipped_before
     extras = {id(e) for e in evals[first_extra:]}
     rings = "ring" in default_algorithms(topo)
     if rings:  # the best few of the sweep also with both-way rings (or without, for seeds)
-        for ev in sorted((e for e in evals if e.knobs is not None and id(e) not in extras), key=lambda e: e.score)[:BIDIR_TRIALS]:
-            attempt(replace(ev.knobs, bidir=not ev.knobs.bidir))  # type: ignore[union-attr]
+        best_swept = sorted((e for e in evals if e.knobs is not None and id(e) not in extras), key=lambda e: e.score)
+        toggled = [replace(e.knobs, bidir=not e.knobs.bidir) for e in best_swept[:BIDIR_TRIALS]]  # type: ignore[union-attr]
+        for knobs in ahead(toggled):
+            attempt(knobs)
     def exact(ev: Evaluation) -> bool:
         return ev.knobs is None or search.exact(ev.plan)
 
@@ -383,8 +334,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         while improved and spent() < until:
             improved = False
             assert best.knobs is not None
-            for knobs in (*(_paired_neighbours(best.knobs) if paired else ()),
-                          *_knob_neighbours(best.knobs, allreduce, rings, protocol_choices(topo), has_large_switch(topo))):
+            for knobs in ahead((*(_paired_neighbours(best.knobs) if paired else ()),
+                                *_knob_neighbours(best.knobs, allreduce, rings, protocol_choices(topo),
+                                                  has_large_switch(topo)))):
                 ev = attempt(knobs)
                 # rank 0's time steers the descent; only the seeds and finalists must be exact
                 # (the check generates the probe ranks' operations, about one more lowering)
@@ -409,27 +361,34 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         raise PlanError(f"no plan for {topo.label} fits the runtime's limits")
     # the best few also finer: fewer units per chunk, or fewer chunks, for the granularity preference
     ranged = min_bytes < max_bytes  # a window of one size needs only that size to divide
-    for ev in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)[:FINER_TRIALS if ranged else 0]:
-        k = ev.knobs
-        assert k is not None
-        for finer in (replace(k, granularity=max(1, k.granularity // 2)), replace(k, granularity=1),
-                      replace(k, chunks=max(1, k.chunks // 2)), replace(k, chunks=max(1, k.chunks // 2), granularity=1)):
-            attempt(finer)
+    best_few = [e.knobs for e in sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)]
+    finer_knobs = [finer for k in best_few[:FINER_TRIALS if ranged else 0]
+                   for finer in (replace(k, granularity=max(1, k.granularity // 2)), replace(k, granularity=1),
+                                 replace(k, chunks=max(1, k.chunks // 2)),
+                                 replace(k, chunks=max(1, k.chunks // 2), granularity=1))]
+    for knobs in ahead(finer_knobs):
+        attempt(knobs)
     sizes = judged_sizes(min_bytes, max_bytes)
     ordered = sorted(evals, key=lambda e: e.score)
     distinct = list(_distinct(ordered))
     top = list(islice((e for e in distinct if exact(e)), 5))
     finer = _finer(distinct, top, exact) if ranged else []
-    finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
-    ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
-    ranked = _granular(ranked, GRANULARITY_TOLERANCE if ranged else TIE)
-    best = ranked[0]
+    reuse = None
     if neighbour is not None and not forced:
         # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as
         # good and no coarser: the windows then share a program if it does not depend on the window
         plan = neighbour.plan.with_window(min_bytes, max_bytes)
-        previous = (search.judge(plan, sizes, neighbour.knobs)
-                    if (not strict or selectable(plan)) and allowed(plan) and search.exact(plan) else None)
+        reuse = plan if (not strict or selectable(plan)) and allowed(plan) and search.exact(plan) else None
+    for e in (*top, *finer):
+        search.prefetch(e.plan, sizes, e.knobs)
+    if reuse is not None:
+        search.prefetch(reuse, sizes, neighbour.knobs)  # type: ignore[union-attr]
+    finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
+    ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
+    ranked = _granular(ranked, GRANULARITY_TOLERANCE if ranged else TIE)
+    best = ranked[0]
+    if reuse is not None:
+        previous = search.judge(reuse, sizes, neighbour.knobs)  # type: ignore[union-attr]
         if (previous is not None and previous.score <= best.score * (1 + REUSE_TOLERANCE)
                 and previous.plan.nchunksperloop <= best.plan.nchunksperloop):
             ranked.insert(0, previous)
@@ -493,17 +452,19 @@ def _next_size(search: Search, previous: Choice, lo: int, hi: int, cap: int | No
 
 def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, int]], limits=None,
              progress=None, dtype_bytes: int = 4, max_nchunksperloop: int | None = None,
-             caps: Sequence[int | None] | None = None) -> list[Choice]:
+             caps: Sequence[int | None] | None = None, jobs: int = 1) -> list[Choice]:
     """One Choice per window; each window starts from its neighbours' best knobs. With
     `max_nchunksperloop`, no program needs element counts in larger multiples; `caps` bounds
-    those multiples window by window."""
-    search = Search(topology, collective, limits, dtype_bytes, max_nchunksperloop)
+    those multiples window by window. `jobs` worker processes simulate ahead of the search
+    (the same choices, sooner)."""
+    search = Search(topology, collective, limits, dtype_bytes, max_nchunksperloop, jobs)
     out: list[Choice] = []
-    with settling() as settle:
+    with closing(search), settling() as settle:
         for (lo, hi), cap in zip(windows, caps or [None] * len(windows)):
             seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
             edge = _next_size(search, out[-1], lo, hi, cap) if out else None
             out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None, cap=cap))
+            search.drop_pending()
             settle()  # the programs cached so far stay: later collections need not walk them
             if progress is not None:
                 progress(out[-1])

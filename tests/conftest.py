@@ -124,6 +124,11 @@ def nvls_nodes(n: int, k: int, efficiency: float = 0.85) -> Topology:
                      Dimension(k, "switch", 50, {"LL": 2.7, "LL128": 4.0, "Simple": 14.0})), call_latency=4.0)
 
 
+def per_protocol_torus(*shape: int) -> Topology:
+    """A torus of NVLink rings with NCCL's per-protocol latencies."""
+    return Topology(tuple(Dimension(n, "ring", 200.0, NVLINK, f"d{i}") for i, n in enumerate(shape)), name="torus-p")
+
+
 def c1p(nodes: int = 4) -> Topology:
     """C1p of the benchmark grid (C1 with NCCL's per-protocol latencies): 8-GPU NVSwitch nodes
     at 300 GB/s over a 50 GB/s NIC per GPU, uncalibrated: the tests' fixed machine, where the

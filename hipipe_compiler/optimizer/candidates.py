@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..schedule.baselines import DIRECT_MAX_SIZE
+from ..schedule.baselines import DIRECT_MAX_SIZE, default_algorithms
 from ..schedule.fold import fold_depth
 from ..topology import Topology
 from .knobs import Knobs
@@ -120,6 +120,24 @@ def extra_sweep(topology: Topology, nominal: int, max_chunks: int, allreduce: bo
         extra += [Knobs(k, ag_lane=True, lanes=v, ramp=1, oneshot=True, fan=True, fold=True, protocol=proto)
                   for proto in protocol_choices(topology)[1:] for k in (2, 3, 4) if k <= max_chunks for v in (1, 2, 3)]
     return extra
+
+
+def rings(topology: Topology) -> bool:
+    """Whether some dimension runs rings by default (a ring dimension, or a switch too large
+    for direct exchange), so both-way rings are a real choice."""
+    return "ring" in default_algorithms(topology)
+
+
+def both_way_sweep(topology: Topology, nominal: int, max_chunks: int) -> list[Knobs]:
+    """Where rings meet per-protocol latencies, below BANDWIDTH_WINDOW: LL and LL128 pipelines
+    with both-way rings (n // 2 latencies per ring stage), each order on its own lanes and every
+    chunk's later stages fanned out, so that many messages are in flight to cover the rest.
+    The descent does not reach them from the sweep: each of those knobs alone loses there."""
+    if not (per_protocol(topology) and rings(topology) and nominal < BANDWIDTH_WINDOW):
+        return []
+    return [Knobs(k, mix=True, ag_lane=True, lanes=v, granularity=4, ramp=1, arrange="lanes", fan=True, bidir=True,
+                  spread=s, protocol=proto)
+            for proto in ("LL", "LL128") for k in (6, 8) if k <= max_chunks for v in (2, 3) for s in (1, 3)]
 
 
 def protocol_choices(topology: Topology) -> tuple[str, ...]:

@@ -27,8 +27,8 @@ from ..schedule.estimate import time_floor_us
 from ..schedule.plan import Plan, plan_shape
 from ..schedule.trees import nccl_tree_fits
 from ..topology import Topology
-from .candidates import (BANDWIDTH_WINDOW, LARGE_WINDOW, MAX_CHUNKS, chunk_limit, coarse_sweep, extra_sweep,
-                         has_large_switch, protocol_choices)
+from .candidates import (BANDWIDTH_WINDOW, LARGE_WINDOW, MAX_CHUNKS, both_way_sweep, chunk_limit, coarse_sweep,
+                         extra_sweep, has_large_switch, protocol_choices)
 from .judge import Evaluation, Search
 from .knobs import Knobs, build_plan
 
@@ -302,26 +302,35 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
     for knobs in ahead(extra):
         attempt(knobs)
+    # both-way ring lane pipelines too, apart: they seed a descent of their own, not the extras'
+    first_ring = len(evals)
+    for knobs in ahead(both_way_sweep(topo, nominal, max_chunks)):
+        attempt(knobs)
     start += search.evaluations - before
     skipped = skipped_before
-    extras = {id(e) for e in evals[first_extra:]}
+    extras = {id(e) for e in evals[first_extra:first_ring]}
+    both_ways = {id(e) for e in evals[first_ring:]}
+    on_top = extras | both_ways
     rings = "ring" in default_algorithms(topo)
     if rings:  # the best few of the sweep also with both-way rings (or without, for seeds)
-        best_swept = sorted((e for e in evals if e.knobs is not None and id(e) not in extras), key=lambda e: e.score)
+        best_swept = sorted((e for e in evals if e.knobs is not None and id(e) not in on_top), key=lambda e: e.score)
         toggled = [replace(e.knobs, bidir=not e.knobs.bidir) for e in best_swept[:BIDIR_TRIALS]]  # type: ignore[union-attr]
         for knobs in ahead(toggled):
             attempt(knobs)
     def exact(ev: Evaluation) -> bool:
         return ev.knobs is None or search.exact(ev.plan)
 
-    # the descent starts from the sweep's best three, and from the best two swept on top
-    # too when they beat them
+    # the descent starts from the sweep's best three, from the best two swept on top and the
+    # best both-way ring lane pipeline too when they beat them
     # (exact() lowers the probe ranks: it is asked of the few that could be picked only)
     by_score = sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)
-    seeds_ranked = list(islice((e for e in by_score if id(e) not in extras and exact(e)), SEEDS))
-    best_extras = list(islice((e for e in by_score if id(e) in extras
-                               and (len(seeds_ranked) < SEEDS or e.score < seeds_ranked[-1].score) and exact(e)),
-                              EXTRA_SEEDS))
+    seeds_ranked = list(islice((e for e in by_score if id(e) not in on_top and exact(e)), SEEDS))
+
+    def best_of(group: set[int], count: int) -> list[Evaluation]:
+        return list(islice((e for e in by_score if id(e) in group
+                            and (len(seeds_ranked) < SEEDS or e.score < seeds_ranked[-1].score) and exact(e)), count))
+
+    best_extras = best_of(extras, EXTRA_SEEDS) + best_of(both_ways, 1)
     regular = len(seeds_ranked)
     seeds_ranked += best_extras
 

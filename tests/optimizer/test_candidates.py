@@ -8,13 +8,13 @@ from hypothesis import strategies as st
 
 from hipipe_compiler.bench import load_grid
 from hipipe_compiler.optimizer.candidates import (BANDWIDTH_WINDOW, FOLD_WINDOW, LARGE_WINDOW, LL_LANES_WINDOW,
-                                                  MAX_CHUNKS, chunk_limit, coarse_sweep, extra_sweep, folds,
-                                                  protocol_choices)
+                                                  MAX_CHUNKS, both_way_sweep, chunk_limit, coarse_sweep, extra_sweep,
+                                                  folds, protocol_choices, rings)
 from hipipe_compiler.optimizer.knobs import build_plan
 from hipipe_compiler.schedule import check_plan
 from hipipe_compiler.presets import preset
 
-from conftest import COLLECTIVES, REPO, examples, topologies, c1p
+from conftest import COLLECTIVES, REPO, examples, topologies, c1p, per_protocol_torus
 
 MiB = 1 << 20
 GRID = load_grid(REPO / "benchmarks" / "grid.yaml")
@@ -23,7 +23,8 @@ GRID = load_grid(REPO / "benchmarks" / "grid.yaml")
 def candidates(topology, collective: str, nominal: int):
     allreduce, large = collective == "allreduce", nominal >= LARGE_WINDOW
     limit = chunk_limit(topology, nominal)
-    return [*coarse_sweep(limit, allreduce, large), *extra_sweep(topology, nominal, limit, allreduce, large)]
+    return [*coarse_sweep(limit, allreduce, large), *extra_sweep(topology, nominal, limit, allreduce, large),
+            *both_way_sweep(topology, nominal, limit)]
 
 
 @settings(max_examples=examples(40), deadline=None)
@@ -86,3 +87,19 @@ def test_folded_one_shot_pipelines_are_offered_where_inner_dimensions_fold_into_
     assert not any(k.fold for k in candidates(GRID.topologies["C6p"], "allreduce", FOLD_WINDOW))
     assert not any(k.fold for k in candidates(GRID.topologies["C6"], "allreduce", 64 << 10))
     assert not any(k.fold for k in candidates(GRID.topologies["C6p"], "reducescatter", 64 << 10))
+
+
+def test_both_way_ring_lane_pipelines_are_offered_where_rings_meet_per_protocol_latencies():
+    """Below BANDWIDTH_WINDOW, a ring topology with per-protocol latencies also tries LL and
+    LL128 pipelines with both-way rings, each order on its own lanes and fanned out; not from
+    that window on, not without rings (C1p, or C6p whose two-rank ring exchanges directly),
+    and not where every protocol pays one latency (C3)."""
+    def offered(topo, size):
+        return [k for k in candidates(topo, "allreduce", size) if k.bidir and k.fan and k.arrange == "lanes"]
+
+    torus = per_protocol_torus(8, 2)
+    assert rings(torus) and not rings(c1p(4)) and not rings(GRID.topologies["C6p"])
+    assert {k.protocol for k in offered(torus, MiB)} == {"LL", "LL128"}
+    assert offered(torus, BANDWIDTH_WINDOW) == []
+    for topo in (c1p(4), GRID.topologies["C6p"], GRID.topologies["C3"]):
+        assert offered(topo, MiB) == []

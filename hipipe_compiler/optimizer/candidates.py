@@ -129,15 +129,17 @@ def rings(topology: Topology) -> bool:
 
 
 def both_way_sweep(topology: Topology, nominal: int, max_chunks: int) -> list[Knobs]:
-    """Where rings meet per-protocol latencies, below BANDWIDTH_WINDOW: LL and LL128 pipelines
-    with both-way rings (n // 2 latencies per ring stage), each order on its own lanes and every
-    chunk's later stages fanned out, so that many messages are in flight to cover the rest.
-    The descent does not reach them from the sweep: each of those knobs alone loses there."""
-    if not (per_protocol(topology) and rings(topology) and nominal < BANDWIDTH_WINDOW):
+    """Where rings meet per-protocol latencies, below LARGE_WINDOW: LL128 (and below
+    BANDWIDTH_WINDOW LL) pipelines with both-way rings (n // 2 latencies per ring stage), each
+    order on its own lanes and every chunk's later stages fanned out, so that many messages are
+    in flight to cover the rest. The descent does not reach them from the sweep: each of those
+    knobs alone loses there."""
+    if not (per_protocol(topology) and rings(topology) and nominal < LARGE_WINDOW):
         return []
+    protocols = ("LL", "LL128") if nominal < BANDWIDTH_WINDOW else ("LL128",)
     return [Knobs(k, mix=True, ag_lane=True, lanes=v, granularity=4, ramp=1, arrange="lanes", fan=True, bidir=True,
                   spread=s, protocol=proto)
-            for proto in ("LL", "LL128") for k in (6, 8) if k <= max_chunks for v in (2, 3) for s in (1, 3)]
+            for proto in protocols for k in (6, 8) if k <= max_chunks for v in (2, 3) for s in (1, 3)]
 
 
 def protocol_choices(topology: Topology) -> tuple[str, ...]:

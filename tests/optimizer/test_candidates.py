@@ -90,16 +90,17 @@ def test_folded_one_shot_pipelines_are_offered_where_inner_dimensions_fold_into_
 
 
 def test_both_way_ring_lane_pipelines_are_offered_where_rings_meet_per_protocol_latencies():
-    """Below BANDWIDTH_WINDOW, a ring topology with per-protocol latencies also tries LL and
-    LL128 pipelines with both-way rings, each order on its own lanes and fanned out; not from
-    that window on, not without rings (C1p, or C6p whose two-rank ring exchanges directly),
-    and not where every protocol pays one latency (C3)."""
+    """Below LARGE_WINDOW, a ring topology with per-protocol latencies also tries LL128 (and
+    below BANDWIDTH_WINDOW LL) pipelines with both-way rings, each order on its own lanes and
+    fanned out; not from that window on, not without rings (C1p, or C6p whose two-rank ring
+    exchanges directly), and not where every protocol pays one latency (C3)."""
     def offered(topo, size):
         return [k for k in candidates(topo, "allreduce", size) if k.bidir and k.fan and k.arrange == "lanes"]
 
     torus = per_protocol_torus(8, 2)
     assert rings(torus) and not rings(c1p(4)) and not rings(GRID.topologies["C6p"])
     assert {k.protocol for k in offered(torus, MiB)} == {"LL", "LL128"}
-    assert offered(torus, BANDWIDTH_WINDOW) == []
+    assert {k.protocol for k in offered(torus, BANDWIDTH_WINDOW)} == {"LL128"}
+    assert offered(torus, LARGE_WINDOW) == []
     for topo in (c1p(4), GRID.topologies["C6p"], GRID.topologies["C3"]):
         assert offered(topo, MiB) == []

@@ -41,14 +41,15 @@ _WRAPPER = """
 import json, resource, subprocess, sys, time
 start = time.perf_counter()
 done = subprocess.run(sys.argv[1:])
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"seconds": time.perf_counter() - start, "returncode": done.returncode,
-                  "peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}), file=sys.stderr)
+                  "cpu_seconds": usage.ru_utime + usage.ru_stime, "peak_mib": usage.ru_maxrss / 1024}), file=sys.stderr)
 """
 
 
 def run_command(args: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> dict:
     """Run a command to the end, as a user would: its wall seconds (interpreter start and
-    imports included), peak MiB, exit code and output."""
+    imports included), CPU seconds (its worker processes' too), peak MiB, exit code and output."""
     done = subprocess.run([sys.executable, "-c", _WRAPPER, *map(str, args)], cwd=cwd, capture_output=True, text=True,
                           env=env)
     *lines, last = done.stderr.rstrip("\n").split("\n")

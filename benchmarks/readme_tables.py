@@ -237,8 +237,14 @@ def compile_ratio() -> str:
     ratios = _joined([f"{r['ratio']:.2f} ({t.split()[0]})" for t, r in runs.items()])
     held = all(r["ratio"] <= 1 / 3 for r in runs.values())
     worst = max(r["worst_window_ratio"] for r in runs.values())
+    cores = data.get("cores")
+    cpu = ""
+    if cores and all("cpu_seconds" in r for r in runs.values()):
+        cpu_ratios = [r["cpu_seconds"] / r["base_cpu_seconds"] for r in runs.values()]
+        cpu = (f" on {cores} cores, with `--jobs {min(cores, 8)}` by default (their CPU time: {min(cpu_ratios):.2f} to "
+               f"{max(cpu_ratios):.2f} times that commit's)")
     return (f" Against the code of commit {base}, both compiled one after the other in one run (`python "
-            f"benchmarks/compile_ratio.py`), the directories take {ratios} times as long, and no window's "
+            f"benchmarks/compile_ratio.py`), the directories take {ratios} times as long{cpu}, and no window's "
             f"program is slower than that commit's (at most {worst:.4f} times its time); the target of a third "
             f"of that commit's time is {'met' if held else 'missed'}.")
 

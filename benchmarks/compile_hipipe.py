@@ -32,7 +32,9 @@ with tempfile.TemporaryDirectory() as tmp:
         if not isinstance(topo, str):  # a grid topology: as a file, exactly as the grid defines it
             spec = Path(tmp) / f"{label}.yaml"
             spec.write_text(yaml.safe_dump(topo.to_document()))
-        r = run_command([*hipipe(), "compile", spec, "--sizes", "1KiB:4GiB", "-o", Path(tmp) / label, "--json"])
+        # --jobs 1: the targets are for one core (compile_ratio.py times the default, a worker per core)
+        r = run_command([*hipipe(), "compile", spec, "--sizes", "1KiB:4GiB", "--jobs", "1", "-o", Path(tmp) / label,
+                         "--json"])
         if r["returncode"] != 0:
             rows.append((label, "error", r["stderr"].strip()[-60:], *[""] * 4))
             continue

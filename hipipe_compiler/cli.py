@@ -31,7 +31,7 @@ from .msccl.runtime import DEFAULT_THREADBLOCK_BUDGET, RUNTIMES, Limits
 from .msccl.selection import size_refusal
 from .msccl.verify import Report, VerifyOptions, Violation, structural_violations, verify
 from .msccl.writer import DIALECTS
-from .optimizer.workers import MAX_JOBS, usable_cores
+from .optimizer.workers import MAX_JOBS
 from .presets import PRESETS, load_topology
 from .sim import SimulationError, simulate, simulate_exact
 from .topology import PROTOCOLS as PROTOCOL_ORDER
@@ -96,9 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inplace", action="store_true", help="mscclpp, --size: write the in-place plan (default out-of-place)")
     p.add_argument("--no-in-switch", action="store_true",
                    help="mscclpp: never reduce in the switch (NVLS), even where the topology declares nvls")
-    p.add_argument("--jobs", "-j", type=integer_option("--jobs", 1, 256), default=min(usable_cores(), MAX_JOBS),
+    p.add_argument("--jobs", "-j", type=integer_option("--jobs", 1, 256),
                    help=f"hipipe: processes that simulate the candidates the search is about to judge; the programs do not "
-                   f"depend on it (default: the usable cores, at most {MAX_JOBS}; 1: none besides this one)")
+                   f"depend on it (default: $HIPIPE_JOBS, else the usable cores, at most {MAX_JOBS}; 1: none besides "
+                   "this one)")
     p.add_argument("-o", "--output", required=True, help="output file (--size) or directory (--sizes)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--json", action="store_true", help="print the per-window summary as JSON")

@@ -15,6 +15,7 @@ from .console import print_json, summary_table, verified
 from .files import check_output_path
 from .handoff import against_nccl, kept, left
 from .msccl.runtime import LEGACY_MAX_ALGORITHMS, Limits
+from .optimizer.workers import default_jobs
 from .presets import load_topology
 from .units import format_size
 
@@ -33,7 +34,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
         dtype_bytes=DTYPES[args.dtype], limits=Limits.for_runtime(args.runtime, args.max_tbs),
         max_nchunksperloop=args.max_nchunksperloop, max_bucket_nchunksperloop=_bucket_setting(args.max_bucket_nchunksperloop),
-        jobs=args.jobs,
+        jobs=args.jobs or default_jobs(),
     )
     lo, hi = args.sizes if directory else (args.size, args.size)
     planner = None

@@ -12,6 +12,7 @@ from .errors import InputError
 from .files import check_output_path, write_atomic, writing
 from .handoff import against_nccl, kept, left
 from .msccl.runtime import Limits
+from .optimizer.workers import default_jobs
 from .mscclpp.reader import read_plan
 from .sim.plans import time_plan
 from .msccl.verify.report import Collector
@@ -35,7 +36,7 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     options = CompileOptions(
         collective=args.coll, algorithm=args.algo, chunks=args.chunks, protocol=args.proto,
         dtype_bytes=DTYPES[args.dtype], limits=replace(Limits(), max_threadblocks=args.max_tbs),
-        max_nchunksperloop=args.max_nchunksperloop, jobs=args.jobs,
+        max_nchunksperloop=args.max_nchunksperloop, jobs=args.jobs or default_jobs(),
         max_bucket_nchunksperloop="auto" if args.max_bucket_nchunksperloop is None else args.max_bucket_nchunksperloop or None,
     )
     lo, hi = args.sizes if directory else (args.size, args.size)

@@ -23,6 +23,8 @@ SHARED = Path(os.environ.get("HIPIPE_SHARED_DIR", REPO.parent / "shared"))
 SAMPLES = REPO / "samples" / "topologies"
 # the package (also when installed, not editable) and every `hipipe` the tests run find ../shared here
 os.environ.setdefault("HIPIPE_SHARED_DIR", str(SHARED))
+# pytest-xdist already runs a test per core: the `hipipe compile` runs start no workers of their own
+os.environ.setdefault("HIPIPE_JOBS", "1")
 
 #: Hypothesis profiles: "default" is CI's, fixed examples so every run checks the same sample
 #: quickly; "thorough" (HYPOTHESIS_PROFILE=thorough pytest) draws ten times as many, at

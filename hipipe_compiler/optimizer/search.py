@@ -176,8 +176,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
     and all-gather lanes, and with one-shot for few chunks; where latency counts, the other
-    protocols, trees and shapes the descent seldom reaches; then coordinate descent over
-    every knob from the best three and the best two of those (chunk counts refined last),
+    protocols, trees and shapes the descent seldom reaches, and where rings meet per-protocol
+    latencies, both-way ring lane pipelines; then coordinate descent over every knob from the
+    best three, the best two of the extras and the best both-way one (chunk counts refined last),
     and from the best it found with chunk counts refined together with ramps or spreads too,
     on what the budget has left, all judged at the window's middle. The five best distinct
     plans (and the best of each finer nchunksperloop) are judged again at both ends of the

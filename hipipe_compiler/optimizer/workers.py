@@ -12,6 +12,8 @@ import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any, Callable
 
+from ..errors import InputError
+
 #: Workers `hipipe compile` starts at most by default: the search seldom has more candidates
 #: it is sure to ask for next.
 MAX_JOBS = 8
@@ -22,6 +24,17 @@ _WORKER: Any = None
 def usable_cores() -> int:
     """The cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_jobs() -> int:
+    """`hipipe compile`'s default --jobs: HIPIPE_JOBS if set, else a worker per usable core
+    up to MAX_JOBS. InputError names the variable when it is not a count."""
+    value = os.environ.get("HIPIPE_JOBS")
+    if value is None:
+        return min(usable_cores(), MAX_JOBS)
+    if not value.strip().isdigit() or int(value) < 1:
+        raise InputError("environment", "HIPIPE_JOBS", f"expected an integer of at least 1, got {value!r}")
+    return int(value)
 
 
 def _start(make: Callable[[], Any]) -> None:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from hipipe_compiler.lower import lowering_key
 from hipipe_compiler.optimizer import Knobs, Search, build_plan, optimize
+from hipipe_compiler.optimizer.workers import default_jobs
 from hipipe_compiler.presets import preset
 
 from conftest import COLLECTIVES, examples, run_hipipe, topologies
@@ -62,3 +63,14 @@ def test_compile_writes_the_same_files_with_any_number_of_jobs(tmp_path):
     bad = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "--jobs", "0", "-o", tmp_path / "x.xml")
     assert bad.returncode == 2 and "--jobs" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.xml").exists()
+
+
+def test_hipipe_jobs_sets_the_default_and_a_bad_value_is_one_line(tmp_path, monkeypatch):
+    """HIPIPE_JOBS is the default of --jobs (the tests set it to 1: xdist already runs a test
+    per core); a value that is not a count is refused before anything is written."""
+    monkeypatch.setenv("HIPIPE_JOBS", "2")
+    assert default_jobs() == 2
+    monkeypatch.setenv("HIPIPE_JOBS", "many")
+    bad = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", tmp_path / "x.xml")
+    assert bad.returncode == 2 and "HIPIPE_JOBS" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.xml").exists() and "Traceback" not in bad.stderr

@@ -36,10 +36,9 @@ sys.path.insert(0, str(REPO))
 from hipipe_compiler.errors import PlanError  # noqa: E402
 from hipipe_compiler.files import write_atomic  # noqa: E402
 from hipipe_compiler.lower import lower  # noqa: E402
-from hipipe_compiler.optimizer.candidates import MAX_CHUNKS, has_large_switch, protocol_choices  # noqa: E402
+from hipipe_compiler.optimizer.candidates import MAX_CHUNKS, has_large_switch, protocol_choices, rings  # noqa: E402
 from hipipe_compiler.optimizer.knobs import Knobs, build_plan  # noqa: E402
 from hipipe_compiler.optimizer.search import Search, _knob_neighbours, _paired_neighbours, optimize  # noqa: E402
-from hipipe_compiler.schedule.baselines import default_algorithms  # noqa: E402
 from hipipe_compiler.schedule.estimate import time_floor_us  # noqa: E402
 from hipipe_compiler.sim.simulate import SimulationError, simulate_exact  # noqa: E402
 from hipipe_compiler.units import format_size, parse_size  # noqa: E402
@@ -93,7 +92,7 @@ def reference(topo, size: int, seed: int = 0) -> tuple[float, str, int]:
     candidates were simulated."""
     search = Search(topo, "allreduce")
     allreduce = True
-    rings = "ring" in default_algorithms(topo)
+    ring_dims = rings(topo)
     trees = has_large_switch(topo)
     protocols = protocol_choices(topo)
     judged: dict[Knobs, tuple[float, object]] = {}
@@ -117,14 +116,14 @@ def reference(topo, size: int, seed: int = 0) -> tuple[float, str, int]:
         return t
 
     rng = random.Random(seed)
-    for knobs in (*core_space(protocols, allreduce), *sampled_space(protocols, allreduce, rings, trees, rng, SAMPLE)):
+    for knobs in (*core_space(protocols, allreduce), *sampled_space(protocols, allreduce, ring_dims, trees, rng, SAMPLE)):
         attempt(knobs)
     starts = sorted((k for k, (t, _p) in judged.items() if t < float("inf")), key=lambda k: judged[k][0])[:5]
     for start in starts:
         current, improved = start, True
         while improved:
             improved = False
-            for knobs in (*_paired_neighbours(current), *_knob_neighbours(current, allreduce, rings, protocols, trees)):
+            for knobs in (*_paired_neighbours(current), *_knob_neighbours(current, allreduce, ring_dims, protocols, trees)):
                 if attempt(knobs) < judged[current][0] * (1 - 1e-6):
                     current, improved = knobs, True
                     break

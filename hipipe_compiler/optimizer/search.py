@@ -22,13 +22,13 @@ from ..bounds import lower_bound_us
 from ..collector import settling
 from ..errors import PlanError
 from ..msccl.program import PROTOCOLS
-from ..schedule.baselines import default_algorithms, hierarchical_plan, ring_plan, themis_plan, tree_plan
+from ..schedule.baselines import hierarchical_plan, ring_plan, themis_plan, tree_plan
 from ..schedule.estimate import time_floor_us
 from ..schedule.plan import Plan, plan_shape
 from ..schedule.trees import nccl_tree_fits
 from ..topology import Topology
 from .candidates import (BANDWIDTH_WINDOW, LARGE_WINDOW, MAX_CHUNKS, both_way_sweep, chunk_limit, coarse_sweep,
-                         extra_sweep, has_large_switch, protocol_choices)
+                         extra_sweep, has_large_switch, protocol_choices, rings)
 from .judge import Evaluation, Search
 from .knobs import Knobs, build_plan
 
@@ -312,8 +312,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     extras = {id(e) for e in evals[first_extra:first_ring]}
     both_ways = {id(e) for e in evals[first_ring:]}
     on_top = extras | both_ways
-    rings = "ring" in default_algorithms(topo)
-    if rings:  # the best few of the sweep also with both-way rings (or without, for seeds)
+    ring_dims = rings(topo)
+    if ring_dims:  # the best few of the sweep also with both-way rings (or without, for seeds)
         best_swept = sorted((e for e in evals if e.knobs is not None and id(e) not in on_top), key=lambda e: e.score)
         toggled = [replace(e.knobs, bidir=not e.knobs.bidir) for e in best_swept[:BIDIR_TRIALS]]  # type: ignore[union-attr]
         for knobs in ahead(toggled):
@@ -345,7 +345,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             improved = False
             assert best.knobs is not None
             for knobs in ahead((*(_paired_neighbours(best.knobs) if paired else ()),
-                                *_knob_neighbours(best.knobs, allreduce, rings, protocol_choices(topo),
+                                *_knob_neighbours(best.knobs, allreduce, ring_dims, protocol_choices(topo),
                                                   has_large_switch(topo)))):
                 ev = attempt(knobs)
                 # rank 0's time steers the descent; only the seeds and finalists must be exact

@@ -8,6 +8,13 @@ repeats itself every q iterations. So whole periods can be skipped by shifting t
 k T and k q iterations, up to the last iterations, which are simulated as usual (they end
 differently). Statistics (bytes per dimension, busy time) grow by k times one period's.
 
+Threadblocks that wait on each other, even through others (a receiver on its sender, a
+sender on its receiver's window), form a component. A component that only depends on another
+may replay faster or slower than it, so their offset grows while each repeats its own
+period: iterations are counted from each component's first threadblock, and a period
+advances each component by its own q, provided that no component gains on one it depends
+on, and none waited on one that pulls ahead (further behind, it never will).
+
 `Periodic` watches one simulation and makes the jump; simulate.py calls it at each
 iteration boundary of a reference threadblock.
 """
@@ -16,11 +23,14 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable
 
+import networkx as nx
+
 #: Longest period looked for, in iterations.
-MAX_PERIOD = 4
+MAX_PERIOD = 32
 #: Runs with fewer iterations gain nothing from the shortcut.
 MIN_ITERATIONS = 12
 #: Two states match when every time agrees to within this fraction of the period (and every
@@ -33,6 +43,8 @@ TOLERANCE = 1e-9
 @dataclass
 class _Snapshot:
     iteration: int
+    bases: tuple[int, ...]  # each component's first threadblock's iteration
+    cross_waits: tuple[int, ...]  # waits of one component on another, per pair of components
     time: float
     discrete: tuple
     times: list[float]  # relative to now
@@ -50,6 +62,8 @@ class Periodic:
         self.reference = min((t for t in sim.tbs.values() if t.steps), key=lambda t: t.key, default=None)
         self.seen = 0
         self.enabled = self.reference is not None and sim.iterations >= MIN_ITERATIONS and not sim.record
+        self.component, self.firsts, crossing, self.pairs = components(sim) if self.enabled else ({}, [], {}, [])
+        sim.crossing, sim.cross_waits = crossing, [0] * len(self.pairs)
         self.skipped = 0  # iterations skipped, per threadblock
 
     def check(self) -> None:
@@ -71,7 +85,8 @@ class Periodic:
             if len(history) < 2 * q + 1:
                 break
             first, middle = history[-1 - 2 * q], history[-1 - q]
-            if self.repeats(first, middle, speed) and self.repeats(middle, snap, speed):
+            if self.repeats(first, middle, speed) and self.repeats(middle, snap, speed) and \
+                    self.drifts_apart(first, snap):
                 self.jump(middle, snap)
                 return
         del history[:-2 * MAX_PERIOD - 1]
@@ -86,9 +101,23 @@ class Periodic:
             return False
         return all(abs(x - y) <= TOLERANCE * max(abs(x), abs(y)) + eps * speed for x, y in zip(earlier.amounts, later.amounts))
 
+    def drifts_apart(self, earlier: _Snapshot, later: _Snapshot) -> bool:
+        """Whether the components keep their offsets or drift apart safely: a component that
+        waits on another never gains on it, and where it falls behind, it did not wait on it
+        in these periods (so, further behind, it never will)."""
+        qs = [b - a for a, b in zip(earlier.bases, later.bases)]
+        for i, (waiter, awaited) in enumerate(self.pairs):
+            if qs[waiter] > qs[awaited]:
+                return False
+            if qs[waiter] < qs[awaited] and later.cross_waits[i] != earlier.cross_waits[i]:
+                return False
+        return True
+
     def snapshot(self) -> _Snapshot:
         sim, net = self.sim, self.sim.net
-        now, base = net.now, self.reference.iteration
+        now = net.now
+        bases = tuple(t.iteration for t in self.firsts)
+        component = self.component
         ids: dict[int, int] = {}
         disc: list = []
         times: list[float] = []
@@ -98,14 +127,15 @@ class Periodic:
             k = id(m)
             if k not in ids:
                 ids[k] = len(ids)
-                disc.append(("m", m.sender.key, m.conn, m.dim, m.resources, m.arrived, m.cnt, m.iteration - base, m.scale))
+                disc.append(("m", m.sender.key, m.conn, m.dim, m.resources, m.arrived, m.cnt,
+                             m.iteration - bases[component[m.sender.key]], m.scale))
                 amounts.extend((m.remaining, m.rate))
                 times.extend(((m.since - now) if m.rate > 0 else 0.0, (m.start - now) if m.start != math.inf else -1.0,
                               (m.arrival - now) if m.arrived else 0.0))
             return ids[k]
 
-        for key in sorted(sim.tbs):
-            t = sim.tbs[key]
+        for key in sorted(component):
+            t, base = sim.tbs[key], bases[component[key]]
             disc.append((t.index, t.iteration - base, t.phase, -1 if t.waiting_message is None else ref(t.waiting_message)))
             it, pos = sim.progress[key]
             disc.append((it - base, pos))
@@ -133,21 +163,29 @@ class Periodic:
         busy = {r: net.busy_time[r] + (now - since) for r, since in net.busy_since.items()}
         for r, t in net.busy_time.items():
             busy.setdefault(r, t)
-        return _Snapshot(base, now, tuple(disc), times, amounts, busy, list(net.dim_bytes))
+        return _Snapshot(self.reference.iteration, bases, tuple(sim.cross_waits), now, tuple(disc), times, amounts,
+                         busy, list(net.dim_bytes))
 
     def jump(self, earlier: _Snapshot, later: _Snapshot) -> None:
         """Skip as many whole periods (earlier -> later) as leave every threadblock at least
         one iteration before its last."""
         sim, net = self.sim, self.sim.net
-        q = later.iteration - earlier.iteration
+        qs = [b - a for a, b in zip(earlier.bases, later.bases)]
         period = later.time - earlier.time
-        highest = max(t.iteration for t in sim.tbs.values() if t.steps)
-        k = (sim.iterations - 2 - highest) // q
         self.history.clear()
-        if k < 1 or period <= 0:
+        if min(qs) < 1 or period <= 0:
+            self.enabled = False  # a component that makes no progress: nothing to skip
+            return
+        highest = [0] * len(qs)
+        for key, c in self.component.items():
+            highest[c] = max(highest[c], sim.tbs[key].iteration)
+        k = min((sim.iterations - 2 - h) // q for h, q in zip(highest, qs))
+        if k < 1:
             self.enabled = False  # too close to the end to gain anything
             return
-        dt, di = k * period, k * q
+        dt = k * period
+        shift = [k * q for q in qs]
+        component = self.component
         net.now += dt
         net.events = [(time + dt, seq, kind, obj, version) for time, seq, kind, obj, version in net.events]
         heapq.heapify(net.events)
@@ -155,14 +193,13 @@ class Periodic:
         for _time, _seq, kind, obj, _version in net.events:
             if kind in ("latency", "transfer"):
                 messages[id(obj)] = obj
-        for t in sim.tbs.values():
-            if t.steps:
-                t.iteration += di
-                if t.waiting_message is not None:
-                    messages[id(t.waiting_message)] = t.waiting_message
-        for key, (it, pos) in sim.progress.items():
-            if sim.tbs[key].steps:
-                sim.progress[key] = (it + di, pos)
+        for key, c in component.items():
+            t = sim.tbs[key]
+            t.iteration += shift[c]
+            if t.waiting_message is not None:
+                messages[id(t.waiting_message)] = t.waiting_message
+            it, pos = sim.progress[key]
+            sim.progress[key] = (it + shift[c], pos)
         for queue in sim.fifo.values():
             messages.update((id(m), m) for m in queue)
         for ms in net.active.values():
@@ -175,7 +212,7 @@ class Periodic:
             m.start += dt
             if m.arrived:
                 m.arrival += dt
-            m.iteration += di
+            m.iteration += shift[component[m.sender.key]]
         for r in net.busy_since:
             net.busy_since[r] += dt
         for r, value in later.busy.items():
@@ -183,4 +220,38 @@ class Periodic:
         net.dim_bytes = [b + k * (x - y) for b, x, y in zip(net.dim_bytes, later.dim_bytes, earlier.dim_bytes)]
         sim.last_done += dt
         self.seen = self.reference.iteration
-        self.skipped += di
+        self.skipped += shift[component[self.reference.key]]
+
+
+def components(sim: Any) -> tuple[dict[tuple[int, int], int], list[Any], dict[tuple, int], list[tuple[int, int]]]:
+    """The threadblocks' components (the strongly connected parts of who waits on whom: a step
+    on its dependency, a receiver on its sender, a sender on its receiver's window). Returns
+    each threadblock's component, each component's first threadblock, the dependencies from
+    one component to another (waiter, awaited) with the index of their pair of components, and
+    those pairs."""
+    keys = sorted(k for k, t in sim.tbs.items() if t.steps)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(keys)
+    ends: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
+    for key in keys:
+        t = sim.tbs[key]
+        graph.add_edges_from((key, (t.rank, depid)) for pending in t.deps for depid, _count in pending
+                             if (t.rank, depid) in graph)
+        if t.send >= 0:
+            ends[sim.send_queue(t)].append(key)
+        if t.recv >= 0:
+            ends[sim.recv_queue(t)].append(key)
+    for tbs in ends.values():
+        if len(tbs) > 1:
+            nx.add_cycle(graph, tbs)
+    groups = sorted(sorted(c) for c in nx.strongly_connected_components(graph))
+    component = {k: i for i, group in enumerate(groups) for k in group}
+    pairs: list[tuple[int, int]] = []
+    crossing: dict[tuple, int] = {}
+    for a, b in graph.edges:
+        pair = (component[a], component[b])
+        if pair[0] != pair[1]:
+            if pair not in pairs:
+                pairs.append(pair)
+            crossing[a, b] = pairs.index(pair)
+    return component, [sim.tbs[g[0]] for g in groups], crossing, pairs

@@ -176,6 +176,8 @@ class _Simulator:
         self.record = record
         self.shortcut = shortcut  # skip the replays' periodic steady state (period.py)
         self.periodic: Periodic | None = None
+        self.crossing: dict[tuple, int] = {}  # dependencies between components (period.py)
+        self.cross_waits: list[int] = []
         chunk = nbytes / program.nchunksperloop
         replay = replay or Replay.msccl(program.protocol)
         self.iterations = max(1, math.ceil(chunk / replay.slice_bytes)) if nbytes > 0 else 1
@@ -272,6 +274,9 @@ class _Simulator:
             it, pos = self.progress.get(key, (self.iterations, 0))
             if it < tb.iteration or (it == tb.iteration and pos < deps):
                 self.waiters[key].append(tb)
+                pair = self.crossing.get((tb.key, key))
+                if pair is not None:
+                    self.cross_waits[pair] += 1
                 return False
         return True
 

@@ -17,8 +17,8 @@ from hipipe_compiler.lower import lower
 from hipipe_compiler.msccl.runtime import SLICE_BYTES
 from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.presets import preset
-from hipipe_compiler.schedule.baselines import hierarchical_plan, nccl_plan
-from hipipe_compiler.sim import simulate
+from hipipe_compiler.schedule.baselines import hierarchical_plan, nccl_plan, ring_plan
+from hipipe_compiler.sim import period, simulate
 
 from conftest import examples, c1p
 from strategies import plans
@@ -67,6 +67,38 @@ def test_a_steady_state_is_skipped_and_the_time_is_the_same(name, build, quotien
     full = simulate(program, topo, size, quotient=quotient, shortcut=False)
     assert fast.skipped_iterations > 24 and full.skipped_iterations == 0
     same_result(fast, full)
+
+
+def test_a_period_of_many_iterations_is_found():
+    """A flat ring of 16 ranks repeats only every 8 of its iterations (it once replayed all
+    32,768 of them at 1 TiB)."""
+    topo = preset("torus-4x4")
+    program = lower(ring_plan(topo, "allreduce", 1, "Simple", 1 << 30, 1 << 30, 1 << 30))
+    size = program.nchunksperloop * SLICE_BYTES[program.protocol] * 64
+    fast, full = simulate(program, topo, size), simulate(program, topo, size, shortcut=False)
+    assert fast.skipped_iterations >= 32 and full.skipped_iterations == 0
+    same_result(fast, full)
+
+
+def test_components_that_drift_apart_each_keep_their_own_period(monkeypatch):
+    """A both-way pipeline with lane groups on torus-4x4: some of rank 0's threadblocks replay
+    faster than others that depend on them, so their offset grows and the whole state never
+    repeats, yet each component's does (without components nothing is skipped)."""
+    topo = preset("torus-4x4")
+    plan = build_plan(topo, "allreduce", 1 << 30, 1 << 30, Knobs(8, mix=True, ag_lane=True, bidir=True, spread=2))
+    program = lower(plan, ranks=[0])
+    size = program.nchunksperloop * SLICE_BYTES[program.protocol] * 40
+    fast = simulate(program, topo, size, quotient=True)
+    full = simulate(program, topo, size, quotient=True, shortcut=False)
+    assert fast.skipped_iterations > 0
+    same_result(fast, full)
+    original = period.components
+
+    def one_component(sim):
+        component, firsts, _crossing, _pairs = original(sim)
+        return dict.fromkeys(component, 0), [min(firsts, key=lambda t: t.key)], {}, []
+    monkeypatch.setattr(period, "components", one_component)
+    assert simulate(program, topo, size, quotient=True).skipped_iterations == 0
 
 
 def test_a_timeline_replays_every_iteration():

@@ -66,6 +66,11 @@ BIDIR_TRIALS = 6
 #: time so far is not lowered or simulated: it cannot win, and the margin keeps the near
 #: misses that may still rank among the descent's seeds and the finalists.
 FLOOR_MARGIN = 0.05
+#: Windows above this size rank their candidates here, and simulate only the finalists and
+#: the baselines at their own sizes: from here on every candidate's time is its replays'
+#: steady state, which this size already shows, while a replay count grown with the size
+#: would cost simulations that the period detector cannot always skip (sim/period.py).
+SCREEN_BYTES = 4 << 30
 
 
 def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence[str] = ("Simple", "LL128"),
@@ -186,11 +191,13 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     window of one size, the finest of those that tie with the best), and the `neighbour`
     window's plan wins if it is within REUSE_TOLERANCE of that and no coarser. `cap` bounds
     the element multiple of this window's calls, besides the search's own cap on
-    nchunksperloop.
+    nchunksperloop. Above SCREEN_BYTES, candidates are judged at that size instead of the
+    middle, and the baselines join the finalists.
     """
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
-    middle = (nominal,)
+    screened = nominal > SCREEN_BYTES
+    middle = (min(nominal, SCREEN_BYTES),)
     if budget is None:
         bandwidth_bound = nominal >= BANDWIDTH_WINDOW and topo.nranks <= BANDWIDTH_RANKS
         budget = BANDWIDTH_BUDGET if bandwidth_bound else BUDGET
@@ -203,11 +210,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     start = search.evaluations
     skipped = 0  # candidates dropped by their time floor: they count toward the budget
-    bound = lower_bound_us(topo, coll, nominal, in_switch=False) or 1.0
+    bound = lower_bound_us(topo, coll, middle[0], in_switch=False) or 1.0
     allreduce = coll == "allreduce"
     def hopeless(plan: Plan, scores: Iterable[float]) -> bool:
         """Whether the plan's time floor already loses to the best of these scores."""
-        return time_floor_us(plan, nominal, topo) / bound > min(scores, default=math.inf) * (1 + FLOOR_MARGIN)
+        return time_floor_us(plan, middle[0], topo) / bound > min(scores, default=math.inf) * (1 + FLOOR_MARGIN)
 
     baseline_plans = _baselines(topo, coll, min_bytes, max_bytes, nominal)
     protocol_plans = _protocol_baselines(topo, coll, min_bytes, max_bytes, nominal)
@@ -383,6 +390,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     distinct = list(_distinct(ordered))
     top = list(islice((e for e in distinct if exact(e)), 5))
     finer = _finer(distinct, top, exact) if ranged else []
+    if screened:  # ranked at another size, the baselines still bound the pick at the window's own
+        finer += [e for e in evals if e.knobs is None and e not in top and e not in finer]
     reuse = None
     if neighbour is not None and not forced:
         # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as

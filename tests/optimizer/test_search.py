@@ -11,7 +11,7 @@ from hipipe_compiler.bench import BASELINES, load_grid
 from hipipe_compiler.bounds import lower_bound_us
 from hipipe_compiler.compiler import CompileOptions, compile_range
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.lower import lower, same_schedule
+from hipipe_compiler.lower import lower, lowering_key, same_schedule
 from hipipe_compiler.msccl.program import PROTOCOLS
 from hipipe_compiler.msccl.verify import verify
 from hipipe_compiler.optimizer import Knobs, Search, build_plan, optimize_window
@@ -375,3 +375,27 @@ def test_a_window_the_runtime_would_replay_too_often_is_refused_after_a_smaller_
     small = ring_plan(topo, "allreduce", 1, "Simple", 1 << 20, 1 << 20, 1 << 20)
     assert search.judge(small, (1 << 20,)) is not None
     assert search.judge(small.with_window(2 << 40, 2 << 40), (2 << 40,)) is None
+
+
+@pytest.mark.parametrize("topo", [c1p(2), preset("torus-4x4")], ids=["C1p-2", "torus-4x4"])
+def test_a_window_above_the_screen_ranks_at_the_screen_and_picks_at_its_own_size(monkeypatch, topo):
+    """Above SCREEN_BYTES the candidates are simulated at that size, and only the finalists and
+    the baselines at the window's own: the pick's time there is exact, and no baseline beats it."""
+    screen, size = 16 * MiB, 256 * MiB
+    monkeypatch.setattr(search_module, "SCREEN_BYTES", screen)
+    search = Search(topo, "allreduce")
+    choice = optimize_window(search, size, size, budget=20)
+    at_size = {key for key, s in search.times if s == size}
+    at_screen = {key for key, s in search.times if s == screen}
+    assert set(search.times) == {(k, s) for k, s in search.times if s in (screen, size)}
+    assert len(at_screen) > 2 * len(at_size) and at_size <= at_screen
+    baselines = {lowering_key(plan) for _knobs, plan in search_module._baselines(topo, "allreduce", size, size, size)}
+    assert baselines & at_screen and baselines & at_screen <= at_size
+    program = lower(choice.plan)
+    assert choice.times_us[0] == pytest.approx(simulate(program, topo, size).time_us, rel=1e-9)
+    for name, build in BASELINES.items():
+        try:
+            base = simulate(lower(build(topo, "allreduce", size, "Simple")), topo, size).time_us
+        except (PlanError, SimulationError):
+            continue
+        assert choice.times_us[0] <= base * (1 + 1e-9), name

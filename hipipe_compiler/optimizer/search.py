@@ -390,19 +390,21 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     distinct = list(_distinct(ordered))
     top = list(islice((e for e in distinct if exact(e)), 5))
     finer = _finer(distinct, top, exact) if ranged else []
+    contenders = [*top, *finer]
     if screened:  # ranked at another size, the baselines still bound the pick at the window's own
-        finer += [e for e in evals if e.knobs is None and e not in top and e not in finer]
+        chosen = {id(e) for e in contenders}
+        contenders += [e for e in evals if e.knobs is None and id(e) not in chosen]
     reuse = None
     if neighbour is not None and not forced:
         # keep the neighbour's plan (its schedule and chunk sizes too) when it is nearly as
         # good and no coarser: the windows then share a program if it does not depend on the window
         plan = neighbour.plan.with_window(min_bytes, max_bytes)
         reuse = plan if (not strict or selectable(plan)) and allowed(plan) and search.exact(plan) else None
-    for e in (*top, *finer):
+    for e in contenders:
         search.prefetch(e.plan, sizes, e.knobs)
     if reuse is not None:
         search.prefetch(reuse, sizes, neighbour.knobs)  # type: ignore[union-attr]
-    finalists = [search.judge(e.plan, sizes, e.knobs) for e in (*top, *finer)]
+    finalists = [search.judge(e.plan, sizes, e.knobs) for e in contenders]
     ranked = sorted((f for f in finalists if f is not None), key=lambda e: (e.score, e.knobs is not None))
     ranked = _granular(ranked, GRANULARITY_TOLERANCE if ranged else TIE)
     best = ranked[0]

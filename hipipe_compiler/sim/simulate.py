@@ -274,9 +274,10 @@ class _Simulator:
             it, pos = self.progress.get(key, (self.iterations, 0))
             if it < tb.iteration or (it == tb.iteration and pos < deps):
                 self.waiters[key].append(tb)
-                pair = self.crossing.get((tb.key, key))
-                if pair is not None:
-                    self.cross_waits[pair] += 1
+                if self.crossing:  # only where the period detector watches components
+                    pair = self.crossing.get((tb.key, key))
+                    if pair is not None:
+                        self.cross_waits[pair] += 1
                 return False
         return True
 

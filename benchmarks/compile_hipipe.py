@@ -14,17 +14,17 @@ from pathlib import Path
 
 import yaml
 
-from harness import REPO, hipipe, print_table, run_command, save, target
+from harness import GRID_COMPILE_LIMIT_S, POD_COMPILE_LIMIT_S, REPO, hipipe, print_table, run_command, save, target
 
 from hipipe_compiler.bench import load_grid
 
 PHASES = ("plan", "lower", "verify", "predict", "write")
 grid = load_grid(REPO / "benchmarks" / "grid.yaml")
 cases = {name: grid.topologies[name] for name in ("C1", "C3", "C5", "C6")}
-limits = {name: 60.0 for name in cases}
+limits = {name: GRID_COMPILE_LIMIT_S for name in cases}
 if "--skip-pod" not in sys.argv:
     cases["pod-8x4x8x4 (1024)"] = "pod-8x4x8x4"
-    limits["pod-8x4x8x4 (1024)"] = 300.0
+    limits["pod-8x4x8x4 (1024)"] = POD_COMPILE_LIMIT_S
 rows, results = [], {}
 with tempfile.TemporaryDirectory() as tmp:
     for label, topo in cases.items():

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from harness import REPO, print_table, run_command, save
+from harness import REPO, SLOWER, print_table, run_command, save
 
 from hipipe_compiler.bench import load_grid
 from hipipe_compiler.msccl.reader import read_program
@@ -33,7 +33,6 @@ from hipipe_compiler.sim import simulate_exact
 
 #: The code before the calibration work and the faster simulator (aee901e, their first commit, is its child).
 BASE = "d7ee598"
-SLOWER = 1.003
 
 
 def compile_dir(root: Path, spec: Path | str, out: Path) -> dict:

@@ -29,6 +29,14 @@ PLAN_TOPOLOGIES = tuple(str(REPO / "samples" / "topologies" / name) for name in 
     "dgx-h100-8x16.json"))
 PLAN_COLLECTIVES = ("allreduce", "reducescatter", "allgather")
 
+#: The compile-time targets the scripts check and readme_tables.py quotes, in seconds: a grid
+#: directory and the pod's (compile_hipipe.py), the pod's hierarchical program (compile_speed.py),
+#: the 1 TiB compile and the simulation of its file (compile_huge.py).
+GRID_COMPILE_LIMIT_S, POD_COMPILE_LIMIT_S, POD_HIERARCHICAL_LIMIT_S = 60.0, 300.0, 10.0
+HUGE_COMPILE_LIMIT_S, HUGE_SIMULATE_LIMIT_S = 60.0, 10.0
+#: compile_ratio.py: no window's program may take more than this times the base commit's.
+SLOWER = 1.003
+
 
 def hipipe() -> list[str]:
     """The installed `hipipe` command, or the module from this checkout."""

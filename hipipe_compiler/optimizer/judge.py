@@ -1,6 +1,7 @@
 """The search's judge: candidate plans lowered and simulated (rank 0 alone where that is
-exact), their times cached per lowered program and size, and counted, since the count is the
-search's budget; with workers, simulations run ahead of the search's asking (workers.py).
+exact), their times cached per program shape and size (`program_key`), and counted, since the
+count is the search's budget; with workers, simulations run ahead of the search's asking
+(workers.py).
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ from ..lower import lower, lowering_key, same_schedule
 from ..msccl.program import Program
 from ..msccl.runtime import Limits
 from ..msccl.selection import count_multiple
-from ..schedule.plan import Plan
+from ..schedule.plan import Plan, plan_shape
 from ..sim.simulate import SimulationError, probe_ranks, simulate
 from ..topology import Topology
 from .knobs import Knobs
 from .workers import Workers
+
+
+def program_key(plan: Plan) -> tuple:
+    """Equal for plans that lower to one program up to names and the numbering of lanes (a
+    spread, or all-gather lanes under `fan`): they run in the same time, so one simulation
+    serves them all."""
+    return lowering_key(plan_shape(plan))
 
 
 @dataclass(frozen=True)
@@ -47,9 +55,10 @@ class Search:
         self.symmetric: dict = {}
         self.times: dict = {}
         self.evaluations = 0
-        self.whole: dict = {}  # lowering key -> whether its first judge simulated every rank's program (a baseline's)
-        self.unfit: set = set()  # (lowering key, whole) that do not fit the runtime
-        self.pending: dict = {}  # (lowering key, size) -> (whole, the worker's future time)
+        self.counted: set = set()  # (lowering key, size): the budget counts each lowering once, shared or not
+        self.whole: dict = {}  # program key -> whether its first judge simulated every rank's program (a baseline's)
+        self.unfit: set = set()  # (program key, whole) that do not fit the runtime
+        self.pending: dict = {}  # (program key, size) -> (whole, the worker's future time)
         self.workers = Workers(jobs, partial(Search, topology, collective, self.limits)) if jobs > 1 else None
 
     def close(self) -> None:
@@ -88,7 +97,7 @@ class Search:
         shifted. Checked only for candidates that could win."""
         if plan.flat:
             return True  # simulated in full
-        key = lowering_key(plan)
+        key = program_key(plan)
         if key not in self.symmetric:
             try:
                 self.symmetric[key] = same_schedule(plan, probe_ranks(self.topology), self.limits)
@@ -99,7 +108,7 @@ class Search:
     def simulated(self, plan: Plan, size: int, baseline: bool) -> float | None:
         """The plan's simulated time at size (inf when the simulation fails), or None when it
         does not fit the runtime; `baseline` as in `_lowered`. Not counted as an evaluation."""
-        key = (lowering_key(plan), baseline)
+        key = (program_key(plan), baseline)
         if key not in self.programs:
             self.programs[key] = self._lowered(plan, baseline)
         entry = self.programs[key]
@@ -115,7 +124,7 @@ class Search:
         """Start the simulations `judge(plan, sizes, knobs)` would run, in the workers (if any)."""
         if self.workers is None:
             return
-        key = lowering_key(plan)
+        key = program_key(plan)
         whole = self.whole.get(key, knobs is None)
         if (key, whole) in self.unfit:
             return
@@ -133,7 +142,7 @@ class Search:
         """Simulate `plan` at each size (rank 0 alone when that is exact); None when the plan
         does not fit the runtime or is not the same on every rank. A plan lowers as its
         first judge asked (a baseline's every rank, where they differ), whoever asks later."""
-        key = lowering_key(plan)
+        key = program_key(plan)
         whole = self.whole.setdefault(key, knobs is None)
         if (key, whole) in self.unfit:
             return None
@@ -147,8 +156,11 @@ class Search:
                 if time is None:
                     self.unfit.add((key, whole))
                     return None
-                self.evaluations += 1
                 self.times[tkey] = time
+            counted = (lowering_key(plan), size)
+            if counted not in self.counted:  # a time shared with a plan of one shape costs the budget as before
+                self.counted.add(counted)
+                self.evaluations += 1
             times.append(self.times[tkey])
         bounds = (lower_bound_us(self.topology, self.collective, s, in_switch=False) or 1.0 for s in sizes)
         score = sum(t / b for t, b in zip(times, bounds)) / len(sizes)

@@ -6,7 +6,7 @@ from concurrent.futures import Future
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hipipe_compiler.lower import lowering_key
+from hipipe_compiler.optimizer.judge import program_key
 from hipipe_compiler.optimizer import Knobs, Search, build_plan, optimize
 from hipipe_compiler.optimizer.workers import default_jobs
 from hipipe_compiler.presets import preset
@@ -36,7 +36,7 @@ def test_a_time_run_ahead_stands_in_only_for_the_same_lowering():
     alone = Search(topo, "allreduce").judge(plan, (1 << 20,), Knobs(2))
     search = Search(topo, "allreduce", jobs=2)
     try:
-        key = lowering_key(plan)
+        key = program_key(plan)
         planted: Future = Future()
         planted.set_result(-1.0)
         search.pending[key, 1 << 20] = (True, planted)  # as if run ahead for a baseline's lowering

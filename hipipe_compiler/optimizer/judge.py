@@ -55,6 +55,7 @@ class Search:
         self.symmetric: dict = {}
         self.times: dict = {}
         self.evaluations = 0
+        self.simulations = 0  # what evaluations cost: plans of one shape share one
         self.counted: set = set()  # (lowering key, size): the budget counts each lowering once, shared or not
         self.whole: dict = {}  # program key -> whether its first judge simulated every rank's program (a baseline's)
         self.unfit: set = set()  # (program key, whole) that do not fit the runtime
@@ -157,6 +158,7 @@ class Search:
                     self.unfit.add((key, whole))
                     return None
                 self.times[tkey] = time
+                self.simulations += 1
             counted = (lowering_key(plan), size)
             if counted not in self.counted:  # a time shared with a plan of one shape costs the budget as before
                 self.counted.add(counted)

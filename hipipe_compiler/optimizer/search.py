@@ -36,9 +36,11 @@ from .knobs import Knobs, build_plan
 #: A window keeps its smaller neighbour's plan when that costs less than this (the two windows
 #: then share one program and file when the plan does not depend on the window).
 REUSE_TOLERANCE = 0.003
-#: Simulations per window for the coordinate descent; bandwidth-bound windows (from
-#: BANDWIDTH_WINDOW on) get more on topologies up to BANDWIDTH_RANKS ranks, since balancing
-#: every dimension is where the search pays (larger ones cost too much per simulation).
+#: Simulations per window for the coordinate descent (in a window of one size, plans dropped
+#: by their time floor, or of one shape with one simulated already, cost nothing from it: see
+#: Reach); bandwidth-bound windows (from BANDWIDTH_WINDOW on) get more on topologies up to
+#: BANDWIDTH_RANKS ranks, since balancing every dimension is where the search pays (larger
+#: ones cost too much per simulation).
 BUDGET = 60
 BANDWIDTH_BUDGET = 160
 BANDWIDTH_RANKS = 256
@@ -51,7 +53,8 @@ GRANULARITY_TOLERANCE = 0.01
 TIE = 1e-9
 #: Best candidates after the descent that are also tried finer, for that preference.
 FINER_TRIALS = 3
-#: Candidates the coordinate descent starts from.
+#: Candidates of the coarse sweep the coordinate descent starts from (in a window of one size,
+#: made up from the others' where the baselines' floors dropped the sweep's).
 SEEDS = 3
 #: Candidates of the other protocols, trees and shapes swept on top that the descent also
 #: starts from, when they beat the sweep's: two, since equal times often hide different
@@ -60,6 +63,14 @@ EXTRA_SEEDS = 2
 #: The best pipeline of mixed orders with at least this many chunks also refines its chunk
 #: count together with its ramp or spread, on what the descents left of the budget.
 PAIRED_CHUNKS = 16
+#: The most chunks a descent step toggles `fan` at, in a window of one size and in a wider one:
+#: each chunk's later stages take a lane of their own, so more chunks run out of channels
+#: (zoo02 1 MiB gains at 12).
+FAN_CHUNKS = 16
+RANGED_FAN_CHUNKS = 8
+#: In a window of one size below BANDWIDTH_WINDOW, the best mixed pipeline also tries every
+#: tilt up to this many units either way.
+TILT_REACH = 8
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
 #: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
@@ -73,8 +84,27 @@ FLOOR_MARGIN = 0.05
 SCREEN_BYTES = 4 << 30
 
 
+@dataclass(frozen=True)
+class Reach:
+    """How far a window's descent reaches. A window of one size gets the wider reach: its
+    candidates are judged at the very size they are picked at, so a better find is a faster
+    program. In a wider window the same finds, better at its middle, changed which finalists
+    were judged at its ends, and picks got faster at one end and slower at the other (C1's
+    1 MiB..<2 MiB: 6.6 % slower at 1 MiB), for about 12 % more compile time."""
+
+    fan_chunks: int  # the most chunks a step toggles `fan` at
+    tilt_pairs: bool  # paired steps also move the granularity with a unit of tilt
+    tilt_reach: int  # below BANDWIDTH_WINDOW, every tilt of the best mixed pipeline this far either way
+    free_misses: bool  # plans dropped by their time floor or sharing a simulation cost nothing from the budget
+    pooled: bool  # distinct seeds, made up from the extras, the best first, sharing one pool
+
+
+ONE_SIZE = Reach(FAN_CHUNKS, True, TILT_REACH, True, True)
+RANGED = Reach(RANGED_FAN_CHUNKS, False, 0, False, False)
+
+
 def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence[str] = ("Simple", "LL128"),
-                     trees: bool = False) -> list[Knobs]:
+                     trees: bool = False, fan_chunks: int = FAN_CHUNKS) -> list[Knobs]:
     out = []
     for chunks in sorted({max(1, k.chunks // 2), max(1, round(k.chunks * 2 / 3)), min(MAX_CHUNKS, round(k.chunks * 3 / 2)),
                           min(MAX_CHUNKS, k.chunks * 2)}):
@@ -86,7 +116,7 @@ def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence
     out += [replace(k, ramp=v) for v in (0, 1, 2, 3) if v != k.ramp]
     out += [replace(k, spread=v) for v in (1, 2, 3) if v != k.spread]
     out += [replace(k, protocol=v) for v in protocols if v != k.protocol]
-    if k.chunks <= 8:
+    if k.chunks <= fan_chunks:
         out.append(replace(k, fan=not k.fan))
     out.append(replace(k, split=not k.split))
     if k.mix:
@@ -109,14 +139,21 @@ def _refined_chunks(k: Knobs) -> list[int]:
     return [c for c in (k.chunks - step, k.chunks + step) if 1 <= c <= MAX_CHUNKS]
 
 
-def _paired_neighbours(k: Knobs) -> list[Knobs]:
-    """k's chunk count refined together with its ramp or its spread. How a mixed pipeline's
-    chunks split among orders and lanes changes with their count, so a count that loses alone
-    can win with another ramp or spread (C6p 256 MiB: k24-r1 -> k28-r2)."""
-    if not k.mix or k.chunks < PAIRED_CHUNKS:
+def _paired_neighbours(k: Knobs, tilt_pairs: bool = True) -> list[Knobs]:
+    """k's granularity refined together with its tilt (with `tilt_pairs`), and its chunk count
+    with its ramp or its spread. A tilt counts units, whose size the granularity sets, so a
+    granularity that loses alone can win with a unit more or less tilted (zoo23 1 MiB: g4 ->
+    g2-t+1, 4 % faster); and how a mixed pipeline's chunks split among orders and lanes changes
+    with their count, so a count that loses alone can win with another ramp or spread (C6p
+    256 MiB: k24-r1 -> k28-r2)."""
+    if not k.mix:
         return []
+    out = [replace(k, granularity=g, tilt=k.tilt + d)
+           for g in (k.granularity // 2, k.granularity * 2) if tilt_pairs and 1 <= g <= 16 for d in (1, -1)]
+    if k.chunks < PAIRED_CHUNKS:
+        return out
     changes = ({"ramp": k.ramp + 1}, {"ramp": max(0, k.ramp - 1)}, *({"spread": v} for v in (1, 2, 3) if v != k.spread))
-    return [replace(k, chunks=c, **change) for c in _refined_chunks(k) for change in changes]
+    return out + [replace(k, chunks=c, **change) for c in _refined_chunks(k) for change in changes]
 
 
 @dataclass(frozen=True)
@@ -184,8 +221,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     protocols, trees and shapes the descent seldom reaches, and where rings meet per-protocol
     latencies, both-way ring lane pipelines; then coordinate descent over every knob from the
     best three, the best two of the extras and the best both-way one (chunk counts refined last),
-    and from the best it found with chunk counts refined together with ramps or spreads too,
-    on what the budget has left, all judged at the window's middle. The five best distinct
+    and from the best it found with paired steps too, on what the budget has left; in a window
+    of one size, the wider `Reach`; all judged at the window's middle. The five best distinct
     plans (and the best of each finer nchunksperloop) are judged again at both ends of the
     window; the finest within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a
     window of one size, the finest of those that tie with the best), and the `neighbour`
@@ -208,8 +245,14 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     def allowed(plan: Plan) -> bool:
         return search.allowed(plan, cap)
 
-    start = search.evaluations
-    skipped = 0  # candidates dropped by their time floor: they count toward the budget
+    reach = ONE_SIZE if min_bytes == max_bytes else RANGED
+
+    def count() -> int:
+        """What the budget counts so far."""
+        return search.simulations if reach.free_misses else search.evaluations
+
+    start = count()
+    skipped = 0  # candidates dropped by their time floor, where they count toward the budget
     bound = lower_bound_us(topo, coll, middle[0], in_switch=False) or 1.0
     allreduce = coll == "allreduce"
     def hopeless(plan: Plan, scores: Iterable[float]) -> bool:
@@ -227,11 +270,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             base_evals.append(search.judge(plan, middle, knobs))
     # the baselines under other protocols and NCCL's tree compete too, but take nothing from
     # the descent's budget
-    before = search.evaluations
+    before = count()
     for plan in protocol_plans:
         if allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle))
-    start += search.evaluations - before
+    start += count() - before
     # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
     # that is not a power of two), divisibility cannot steer the choice
     strict = any(ev is not None and selectable(ev.plan) for ev in base_evals)
@@ -279,7 +322,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         if not promising(plan):
             return None
         if hopeless(plan, (e.score for e in evals)):
-            skipped += 1
+            skipped += 0 if reach.free_misses else 1
             return None
         ev = search.judge(plan, middle, path[-1])
         if ev is not None:
@@ -307,14 +350,14 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     # the other protocols, trees and shapes the descent seldom reaches are swept on top,
     # taking nothing from the descent's budget
     extra = extra_sweep(topo, nominal, max_chunks, allreduce, large)
-    before, skipped_before, first_extra = search.evaluations, skipped, len(evals)
+    before, skipped_before, first_extra = count(), skipped, len(evals)
     for knobs in ahead(extra):
         attempt(knobs)
     # both-way ring lane pipelines too, apart: they seed a descent of their own, not the extras'
     first_ring = len(evals)
     for knobs in ahead(both_way_sweep(topo, nominal, max_chunks)):
         attempt(knobs)
-    start += search.evaluations - before
+    start += count() - before
     skipped = skipped_before
     extras = {id(e) for e in evals[first_extra:first_ring]}
     both_ways = {id(e) for e in evals[first_ring:]}
@@ -332,6 +375,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     # best both-way ring lane pipeline too when they beat them
     # (exact() lowers the probe ranks: it is asked of the few that could be picked only)
     by_score = sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)
+    if reach.pooled:
+        by_score = list(_distinct(by_score))
     seeds_ranked = list(islice((e for e in by_score if id(e) not in on_top and exact(e)), SEEDS))
 
     def best_of(group: set[int], count: int) -> list[Evaluation]:
@@ -340,10 +385,21 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
 
     best_extras = best_of(extras, EXTRA_SEEDS) + best_of(both_ways, 1)
     regular = len(seeds_ranked)
-    seeds_ranked += best_extras
+    if reach.pooled:
+        # where the sweep's candidates lost to the baselines' floors, the next best make up its seeds
+        chosen = {id(e) for e in (*seeds_ranked, *best_extras)}
+        seeds_ranked += islice((e for e in by_score if id(e) not in chosen and exact(e)), SEEDS - len(seeds_ranked))
+        seeds_ranked = sorted([*seeds_ranked, *best_extras], key=lambda e: e.score)
+    else:
+        seeds_ranked += best_extras
 
     def spent() -> int:
-        return search.evaluations - start + skipped
+        return count() - start + skipped
+
+    # pooled: the descents share what the sweep left of the budget and a share of their own
+    # for each seed swept on top (their sweeps took nothing from it), the best seed first, so
+    # that where the sweep's seeds lose to the others', the budget follows the better ones
+    stop = spent() + max(budget - spent(), 0) + len(best_extras) * (budget // SEEDS) if reach.pooled else budget
 
     def descend(best: Evaluation, until: int, paired: bool = False) -> None:
         """First-improvement coordinate descent from `best` until `until` evaluations are spent."""
@@ -351,9 +407,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         while improved and spent() < until:
             improved = False
             assert best.knobs is not None
-            for knobs in ahead((*(_paired_neighbours(best.knobs) if paired else ()),
+            for knobs in ahead((*(_paired_neighbours(best.knobs, reach.tilt_pairs) if paired else ()),
                                 *_knob_neighbours(best.knobs, allreduce, ring_dims, protocol_choices(topo),
-                                                  has_large_switch(topo)))):
+                                                  has_large_switch(topo), reach.fan_chunks))):
                 ev = attempt(knobs)
                 # rank 0's time steers the descent; only the seeds and finalists must be exact
                 # (the check generates the probe ranks' operations, about one more lowering)
@@ -362,12 +418,24 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                     break
 
     for i, seed in enumerate(seeds_ranked):
-        # the sweep's seeds share what the sweep left of the budget; the others' seeds each
-        # get a share of their own, as their sweep took nothing from it
-        descend(seed, spent() + ((budget - spent()) // (regular - i) if i < regular else budget // SEEDS))
+        if reach.pooled:
+            descend(seed, spent() + (stop - spent()) // (len(seeds_ranked) - i))
+        else:  # the sweep's seeds share what the sweep left; the others' each get a share of their own
+            descend(seed, spent() + ((budget - spent()) // (regular - i) if i < regular else budget // SEEDS))
     # then the best so far, also with paired steps, on what the descents left of the budget
     if seeds_ranked:
-        descend(min((e for e in evals if e.knobs is not None), key=lambda e: e.score), budget, paired=True)
+        descend(min((e for e in evals if e.knobs is not None), key=lambda e: e.score), stop, paired=True)
+    # where latency counts, the best mixed pipeline's every tilt in reach: moving one unit
+    # between orders changes which messages meet on a link, so the time is rugged in the tilt
+    # and steps of one and three stop short (zoo15 1 MiB: t+0 -> t+11, 2 % faster)
+    top_now = min((e for e in evals if e.knobs is not None), key=lambda e: e.score, default=None)
+    if reach.tilt_reach and nominal < BANDWIDTH_WINDOW and top_now is not None and top_now.knobs.mix:  # type: ignore[union-attr]
+        line = [replace(top_now.knobs, tilt=t) for t in range(-reach.tilt_reach, reach.tilt_reach + 1)]  # type: ignore[arg-type]
+        for knobs in ahead(line):
+            attempt(knobs)
+        tilted = min((e for e in evals if e.knobs is not None), key=lambda e: e.score)
+        if tilted is not top_now:
+            descend(tilted, spent() + budget // SEEDS, paired=True)
     if not evals:
         if cap is not None:
             raise PlanError(f"no plan for {topo.label} that fits the runtime's limits needs element counts in multiples "
@@ -414,7 +482,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                 and previous.plan.nchunksperloop <= best.plan.nchunksperloop):
             ranked.insert(0, previous)
             best = previous
-    return Choice(min_bytes, max_bytes, best.plan, best.knobs, sizes, best.times_us, search.evaluations - start,
+    return Choice(min_bytes, max_bytes, best.plan, best.knobs, sizes, best.times_us, count() - start,
                   tuple(e.plan for e in ranked[1:]))
 
 

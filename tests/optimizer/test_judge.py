@@ -40,7 +40,7 @@ def test_plans_of_one_shape_share_one_simulation_and_run_in_the_same_time(topo, 
     one = search.judge(first, (size,), base)
     assume(one is not None)
     two = search.judge(second, (size,), replace(base, **change))
-    assert len(search.times) == 1 and search.evaluations == 2
+    assert len(search.times) == 1 and search.simulations == 1 and search.evaluations == 2
     assert two is not None and two.times_us == one.times_us
     exact = [simulate_exact(lower(p), topo, size).time_us for p in (first, second)]
     assert abs(exact[0] - exact[1]) <= 1e-9 * exact[0]

@@ -11,12 +11,13 @@ from hipipe_compiler.bench import BASELINES, load_grid
 from hipipe_compiler.bounds import lower_bound_us
 from hipipe_compiler.compiler import CompileOptions, compile_range
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.lower import lower, lowering_key, same_schedule
+from hipipe_compiler.lower import lower, same_schedule
 from hipipe_compiler.msccl.program import PROTOCOLS
 from hipipe_compiler.msccl.verify import verify
 from hipipe_compiler.optimizer import Knobs, Search, build_plan, optimize_window
 from hipipe_compiler.optimizer.knobs import SPREAD_STRIDE
 from hipipe_compiler.optimizer import search as search_module
+from hipipe_compiler.optimizer.judge import program_key
 from hipipe_compiler.optimizer.lp import order_mix
 from hipipe_compiler.schedule import check_plan, ring_plan
 from hipipe_compiler.schedule.fold import fold_depth
@@ -279,7 +280,6 @@ def test_both_way_lane_pipelines_seed_a_descent_of_their_own(monkeypatch, size, 
 def test_the_other_protocols_seeds_descend_on_a_budget_of_their_own(monkeypatch):
     """On C1p at 1 MiB the sweep spends the descent's budget; the best seeds of the other
     protocols still descend (they once shared what was left: nothing)."""
-    from hipipe_compiler.optimizer import search as search_module
     original, starts = search_module._knob_neighbours, []
 
     def neighbours(knobs, *args, **kwargs):
@@ -389,7 +389,7 @@ def test_a_window_above_the_screen_ranks_at_the_screen_and_picks_at_its_own_size
     at_screen = {key for key, s in search.times if s == screen}
     assert set(search.times) == {(k, s) for k, s in search.times if s in (screen, size)}
     assert len(at_screen) > 2 * len(at_size) and at_size <= at_screen
-    baselines = {lowering_key(plan) for _knobs, plan in search_module._baselines(topo, "allreduce", size, size, size)}
+    baselines = {program_key(plan) for _knobs, plan in search_module._baselines(topo, "allreduce", size, size, size)}
     assert baselines & at_screen and baselines & at_screen <= at_size
     program = lower(choice.plan)
     assert choice.times_us[0] == pytest.approx(simulate(program, topo, size).time_us, rel=1e-9)
@@ -399,3 +399,56 @@ def test_a_window_above_the_screen_ranks_at_the_screen_and_picks_at_its_own_size
         except (PlanError, SimulationError):
             continue
         assert choice.times_us[0] <= base * (1 + 1e-9), name
+
+
+def test_paired_steps_move_a_unit_of_tilt_with_each_granularity():
+    """A tilt counts units and the granularity sets their size, so a mixed pipeline's paired
+    steps change both at once; an unmixed one has no tilt to move."""
+    k = Knobs(8, mix=True, granularity=4, tilt=1)
+    paired = set(search_module._paired_neighbours(k))
+    assert {replace(k, granularity=g, tilt=t) for g in (2, 8) for t in (0, 2)} <= paired
+    assert search_module._paired_neighbours(Knobs(8, granularity=4)) == []
+
+
+def test_a_latency_window_tries_every_tilt_in_reach_of_its_best_mixed_pipeline(monkeypatch):
+    """Below BANDWIDTH_WINDOW, the best mixed pipeline after the descents is built with every
+    tilt up to TILT_REACH units either way (steps of one and three stop short where the time
+    is rugged in the tilt)."""
+    built: list[Knobs] = []
+    real = search_module.build_plan
+
+    def recording(topo, coll, lo, hi, knobs, nominal=None):
+        built.append(knobs)
+        return real(topo, coll, lo, hi, knobs, nominal)
+
+    monkeypatch.setattr(search_module, "build_plan", recording)
+    topo = per_protocol_torus(4, 4)
+    choice = optimize_window(Search(topo, "allreduce"), 1 * MiB, 1 * MiB)
+    reach = range(-search_module.TILT_REACH, search_module.TILT_REACH + 1)
+    lines = {replace(k, tilt=0) for k in built if k.mix and all(replace(k, tilt=t) in built for t in reach)}
+    assert lines, "no mixed pipeline was tried at every tilt in reach"
+    assert choice.knobs is not None
+
+
+def test_a_window_of_one_size_reaches_further_than_a_wider_one(monkeypatch):
+    """A window of one size toggles `fan` at more chunks and pairs granularity with tilt; a
+    wider window keeps the narrower reach, whose finds cannot trade one end for the other."""
+    seen: dict[bool, set] = {True: set(), False: set()}
+    knob_steps, paired_steps = search_module._knob_neighbours, search_module._paired_neighbours
+
+    def knobs(k, *args):
+        seen[one_size].add(("fan", args[-1]))
+        return knob_steps(k, *args)
+
+    def paired(k, tilt_pairs=True):
+        seen[one_size].add(("tilt", tilt_pairs))
+        return paired_steps(k, tilt_pairs)
+
+    monkeypatch.setattr(search_module, "_knob_neighbours", knobs)
+    monkeypatch.setattr(search_module, "_paired_neighbours", paired)
+    topo = per_protocol_torus(4, 4)
+    for one_size, window in ((True, (1 * MiB, 1 * MiB)), (False, (1 * MiB, 2 * MiB - 1))):
+        optimize_window(Search(topo, "allreduce"), *window)
+    assert seen[True] == {("fan", search_module.FAN_CHUNKS), ("tilt", True)}
+    assert ("fan", search_module.RANGED_FAN_CHUNKS) in seen[False]
+    assert seen[False] <= {("fan", search_module.RANGED_FAN_CHUNKS), ("tilt", False)}

@@ -213,7 +213,7 @@ ABLATIONS: dict[str, tuple[dict[str, object], bool]] = {
 
 def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Sequence[Knobs] = (),
                     budget: int | None = None, forced: dict[str, object] | None = None, baselines: bool = True,
-                    neighbour: Choice | None = None, cap: int | None = None) -> Choice:
+                    neighbour: Choice | None = None, cap: int | None = None, reach: Reach | None = None) -> Choice:
     """The best plan for calls of min_bytes..max_bytes, judged by the simulator.
 
     Candidates: the baselines; a coarse sweep of chunk counts, plain or with order mixing
@@ -221,8 +221,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     protocols, trees and shapes the descent seldom reaches, and where rings meet per-protocol
     latencies, both-way ring lane pipelines; then coordinate descent over every knob from the
     best three, the best two of the extras and the best both-way one (chunk counts refined last),
-    and from the best it found with paired steps too, on what the budget has left; in a window
-    of one size, the wider `Reach`; all judged at the window's middle. The five best distinct
+    and from the best it found with paired steps too, on what the budget has left, as far as
+    `reach` goes (by default the wider ONE_SIZE in a window of one size); all judged at the
+    window's middle. The five best distinct
     plans (and the best of each finer nchunksperloop) are judged again at both ends of the
     window; the finest within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a
     window of one size, the finest of those that tie with the best), and the `neighbour`
@@ -245,7 +246,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     def allowed(plan: Plan) -> bool:
         return search.allowed(plan, cap)
 
-    reach = ONE_SIZE if min_bytes == max_bytes else RANGED
+    if reach is None:
+        reach = ONE_SIZE if min_bytes == max_bytes else RANGED
 
     def count() -> int:
         """What the budget counts so far."""
@@ -547,12 +549,17 @@ def optimize(topology: Topology, collective: str, windows: Sequence[tuple[int, i
     those multiples window by window. `jobs` worker processes simulate ahead of the search
     (the same choices, sooner)."""
     search = Search(topology, collective, limits, dtype_bytes, max_nchunksperloop, jobs)
+    # a directory's windows all keep the narrower reach, its last one of one size (4GiB..4GiB)
+    # too: that is how its programs were measured against the base commit's, window by window
+    # (benchmarks/compile_ratio.py)
+    reach = None if len(windows) == 1 else RANGED
     out: list[Choice] = []
     with closing(search), settling() as settle:
         for (lo, hi), cap in zip(windows, caps or [None] * len(windows)):
             seeds = [c.knobs for c in out[-2:] if c.knobs is not None]
             edge = _next_size(search, out[-1], lo, hi, cap) if out else None
-            out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None, cap=cap))
+            out.append(edge or optimize_window(search, lo, hi, seeds, neighbour=out[-1] if out else None, cap=cap,
+                                               reach=reach))
             search.drop_pending()
             settle()  # the programs cached so far stay: later collections need not walk them
             if progress is not None:

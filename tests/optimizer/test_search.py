@@ -432,7 +432,7 @@ def test_a_latency_window_tries_every_tilt_in_reach_of_its_best_mixed_pipeline(m
 
 def test_a_window_of_one_size_reaches_further_than_a_wider_one(monkeypatch):
     """A window of one size toggles `fan` at more chunks and pairs granularity with tilt; a
-    wider window keeps the narrower reach, whose finds cannot trade one end for the other."""
+    wider window, and every window of a directory, keeps the narrower reach."""
     seen: dict[bool, set] = {True: set(), False: set()}
     knob_steps, paired_steps = search_module._knob_neighbours, search_module._paired_neighbours
 
@@ -450,5 +450,10 @@ def test_a_window_of_one_size_reaches_further_than_a_wider_one(monkeypatch):
     for one_size, window in ((True, (1 * MiB, 1 * MiB)), (False, (1 * MiB, 2 * MiB - 1))):
         optimize_window(Search(topo, "allreduce"), *window)
     assert seen[True] == {("fan", search_module.FAN_CHUNKS), ("tilt", True)}
+    assert ("fan", search_module.RANGED_FAN_CHUNKS) in seen[False]
+    assert seen[False] <= {("fan", search_module.RANGED_FAN_CHUNKS), ("tilt", False)}
+    # a directory's windows all keep the narrower reach, a last window of one size too
+    seen[False].clear()
+    search_module.optimize(topo, "allreduce", [(1 * MiB, 2 * MiB - 1), (2 * MiB + 4096, 2 * MiB + 4096)])
     assert ("fan", search_module.RANGED_FAN_CHUNKS) in seen[False]
     assert seen[False] <= {("fan", search_module.RANGED_FAN_CHUNKS), ("tilt", False)}

@@ -147,6 +147,7 @@ class Search:
         whole = self.whole.setdefault(key, knobs is None)
         if (key, whole) in self.unfit:
             return None
+        lowered = lowering_key(plan)  # what the budget counts: each lowering once, shared or not
         times = []
         for size in sizes:
             tkey = (key, size)
@@ -159,9 +160,8 @@ class Search:
                     return None
                 self.times[tkey] = time
                 self.simulations += 1
-            counted = (lowering_key(plan), size)
-            if counted not in self.counted:  # a time shared with a plan of one shape costs the budget as before
-                self.counted.add(counted)
+            if (lowered, size) not in self.counted:  # a time shared with a plan of one shape costs as before
+                self.counted.add((lowered, size))
                 self.evaluations += 1
             times.append(self.times[tkey])
         bounds = (lower_bound_us(self.topology, self.collective, s, in_switch=False) or 1.0 for s in sizes)

@@ -249,11 +249,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     if reach is None:
         reach = ONE_SIZE if min_bytes == max_bytes else RANGED
 
-    def count() -> int:
-        """What the budget counts so far."""
+    def charged() -> int:
+        """What the budget has counted so far."""
         return search.simulations if reach.free_misses else search.evaluations
 
-    start = count()
+    start = charged()
     skipped = 0  # candidates dropped by their time floor, where they count toward the budget
     bound = lower_bound_us(topo, coll, middle[0], in_switch=False) or 1.0
     allreduce = coll == "allreduce"
@@ -272,11 +272,11 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
             base_evals.append(search.judge(plan, middle, knobs))
     # the baselines under other protocols and NCCL's tree compete too, but take nothing from
     # the descent's budget
-    before = count()
+    before = charged()
     for plan in protocol_plans:
         if allowed(plan) and not hopeless(plan, (ev.score for ev in base_evals if ev is not None and selectable(ev.plan))):
             base_evals.append(search.judge(plan, middle))
-    start += count() - before
+    start += charged() - before
     # when no plan that fits can divide the window's smallest size (odd sizes, or a rank count
     # that is not a power of two), divisibility cannot steer the choice
     strict = any(ev is not None and selectable(ev.plan) for ev in base_evals)
@@ -324,7 +324,8 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         if not promising(plan):
             return None
         if hopeless(plan, (e.score for e in evals)):
-            skipped += 0 if reach.free_misses else 1
+            if not reach.free_misses:
+                skipped += 1
             return None
         ev = search.judge(plan, middle, path[-1])
         if ev is not None:
@@ -352,14 +353,14 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     # the other protocols, trees and shapes the descent seldom reaches are swept on top,
     # taking nothing from the descent's budget
     extra = extra_sweep(topo, nominal, max_chunks, allreduce, large)
-    before, skipped_before, first_extra = count(), skipped, len(evals)
+    before, skipped_before, first_extra = charged(), skipped, len(evals)
     for knobs in ahead(extra):
         attempt(knobs)
     # both-way ring lane pipelines too, apart: they seed a descent of their own, not the extras'
     first_ring = len(evals)
     for knobs in ahead(both_way_sweep(topo, nominal, max_chunks)):
         attempt(knobs)
-    start += count() - before
+    start += charged() - before
     skipped = skipped_before
     extras = {id(e) for e in evals[first_extra:first_ring]}
     both_ways = {id(e) for e in evals[first_ring:]}
@@ -396,7 +397,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         seeds_ranked += best_extras
 
     def spent() -> int:
-        return count() - start + skipped
+        return charged() - start + skipped
 
     # pooled: the descents share what the sweep left of the budget and a share of their own
     # for each seed swept on top (their sweeps took nothing from it), the best seed first, so
@@ -484,7 +485,7 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                 and previous.plan.nchunksperloop <= best.plan.nchunksperloop):
             ranked.insert(0, previous)
             best = previous
-    return Choice(min_bytes, max_bytes, best.plan, best.knobs, sizes, best.times_us, count() - start,
+    return Choice(min_bytes, max_bytes, best.plan, best.knobs, sizes, best.times_us, charged() - start,
                   tuple(e.plan for e in ranked[1:]))
 
 

@@ -71,6 +71,10 @@ RANGED_FAN_CHUNKS = 8
 #: In a window of one size below BANDWIDTH_WINDOW, the best mixed pipeline also tries every
 #: tilt up to this many units either way.
 TILT_REACH = 8
+#: A window of one size may spend this many times its budget, the rest after one budget's
+#: passes on descending further from its best few plans: on small tori and PCIe nodes at 1-64
+#: MiB those descents still improve when one budget runs out.
+ONE_SIZE_BUDGET_SCALE = 2
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
 #: A candidate whose time floor (plan.time_floor_us) is this much above the best simulated
@@ -86,21 +90,22 @@ SCREEN_BYTES = 4 << 30
 
 @dataclass(frozen=True)
 class Reach:
-    """How far a window's descent reaches. A window of one size gets the wider reach: its
-    candidates are judged at the very size they are picked at, so a better find is a faster
-    program. In a wider window the same finds, better at its middle, changed which finalists
-    were judged at its ends, and picks got faster at one end and slower at the other (C1's
-    1 MiB..<2 MiB: 6.6 % slower at 1 MiB), for about 12 % more compile time."""
+    """How far a window's descent reaches. A window of one size gets the wider reach and a
+    larger budget: its candidates are judged at the very size they are picked at, so a better
+    find is a faster program. In a wider window the same finds, better at its middle, changed
+    which finalists were judged at its ends, and picks got faster at one end and slower at the
+    other (C1's 1 MiB..<2 MiB: 6.6 % slower at 1 MiB), for about 12 % more compile time."""
 
     fan_chunks: int  # the most chunks a step toggles `fan` at
     tilt_pairs: bool  # paired steps also move the granularity with a unit of tilt
     tilt_reach: int  # below BANDWIDTH_WINDOW, every tilt of the best mixed pipeline this far either way
     free_misses: bool  # plans dropped by their time floor or sharing a simulation cost nothing from the budget
     pooled: bool  # distinct seeds, made up from the extras, the best first, sharing one pool
+    budget_scale: int  # times its budget a window may spend: what is beyond one budget goes to its best few
 
 
-ONE_SIZE = Reach(FAN_CHUNKS, True, TILT_REACH, True, True)
-RANGED = Reach(RANGED_FAN_CHUNKS, False, 0, False, False)
+ONE_SIZE = Reach(FAN_CHUNKS, True, TILT_REACH, True, True, ONE_SIZE_BUDGET_SCALE)
+RANGED = Reach(RANGED_FAN_CHUNKS, False, 0, False, False, 1)
 
 
 def _knob_neighbours(k: Knobs, allreduce: bool, rings: bool, protocols: Sequence[str] = ("Simple", "LL128"),
@@ -439,6 +444,14 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         tilted = min((e for e in evals if e.knobs is not None), key=lambda e: e.score)
         if tilted is not top_now:
             descend(tilted, spent() + budget // SEEDS, paired=True)
+    # a window of one size spends the rest of its larger budget descending further from its
+    # best few distinct plans: the passes above are one budget's, so this only adds candidates
+    if reach.budget_scale > 1:
+        until = spent() + budget * (reach.budget_scale - 1)
+        ranked_now = list(islice(_distinct(sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)),
+                                 SEEDS))
+        for i, e in enumerate(ranked_now):
+            descend(e, spent() + (until - spent()) // (len(ranked_now) - i), paired=True)
     if not evals:
         if cap is not None:
             raise PlanError(f"no plan for {topo.label} that fits the runtime's limits needs element counts in multiples "

@@ -457,3 +457,29 @@ def test_a_window_of_one_size_reaches_further_than_a_wider_one(monkeypatch):
     search_module.optimize(topo, "allreduce", [(1 * MiB, 2 * MiB - 1), (2 * MiB + 4096, 2 * MiB + 4096)])
     assert ("fan", search_module.RANGED_FAN_CHUNKS) in seen[False]
     assert seen[False] <= {("fan", search_module.RANGED_FAN_CHUNKS), ("tilt", False)}
+
+
+def test_a_window_of_one_size_spends_its_larger_budget_after_one_budgets_search(monkeypatch):
+    """A window of one size searches as one budget would, then spends the rest of its
+    ONE_SIZE_BUDGET_SCALE budgets descending further: it builds every plan the smaller search
+    builds, in the same order, then more, and picks no slower a plan."""
+    monkeypatch.setattr(search_module, "BUDGET", 10)
+    real = search_module.build_plan
+    built: list[Knobs] = []
+
+    def recording(topo, coll, lo, hi, knobs, nominal=None):
+        built.append(knobs)
+        return real(topo, coll, lo, hi, knobs, nominal)
+
+    monkeypatch.setattr(search_module, "build_plan", recording)
+    topo = per_protocol_torus(4, 4)
+    runs = {}
+    for scale in (1, search_module.ONE_SIZE_BUDGET_SCALE):
+        built.clear()
+        choice = optimize_window(Search(topo, "allreduce"), 1 * MiB, 1 * MiB,
+                                 reach=replace(search_module.ONE_SIZE, budget_scale=scale))
+        runs[scale] = (list(built), choice.times_us[0])
+    assert search_module.ONE_SIZE.budget_scale > search_module.RANGED.budget_scale == 1
+    (few, slow), (more, fast) = runs[1], runs[search_module.ONE_SIZE_BUDGET_SCALE]
+    assert more[:len(few)] == few and len(more) > len(few)
+    assert fast <= slow * (1 + 1e-9)

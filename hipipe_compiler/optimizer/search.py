@@ -227,8 +227,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     latencies, both-way ring lane pipelines; then coordinate descent over every knob from the
     best three, the best two of the extras and the best both-way one (chunk counts refined last),
     and from the best it found with paired steps too, on what the budget has left, as far as
-    `reach` goes (by default the wider ONE_SIZE in a window of one size); all judged at the
-    window's middle. The five best distinct
+    `reach` goes (by default the wider ONE_SIZE in a window of one size, which then spends a
+    second budget descending from its best three); all judged at the window's middle. The
+    five best distinct
     plans (and the best of each finer nchunksperloop) are judged again at both ends of the
     window; the finest within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a
     window of one size, the finest of those that tie with the best), and the `neighbour`

@@ -426,10 +426,15 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
                     best, improved = ev, True
                     break
 
-    for i, seed in enumerate(seeds_ranked):
-        if reach.pooled:
-            descend(seed, spent() + (stop - spent()) // (len(seeds_ranked) - i))
-        else:  # the sweep's seeds share what the sweep left; the others' each get a share of their own
+    def descend_each(starts: Sequence[Evaluation], until: int, paired: bool = False) -> None:
+        """Descend from each start in turn, each on an even share of what is left until `until`."""
+        for i, e in enumerate(starts):
+            descend(e, spent() + (until - spent()) // (len(starts) - i), paired)
+
+    if reach.pooled:
+        descend_each(seeds_ranked, stop)
+    else:  # the sweep's seeds share what the sweep left; the others' each get a share of their own
+        for i, seed in enumerate(seeds_ranked):
             descend(seed, spent() + ((budget - spent()) // (regular - i) if i < regular else budget // SEEDS))
     # then the best so far, also with paired steps, on what the descents left of the budget
     if seeds_ranked:
@@ -448,11 +453,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     # a window of one size spends the rest of its larger budget descending further from its
     # best few distinct plans: the passes above are one budget's, so this only adds candidates
     if reach.budget_scale > 1:
-        until = spent() + budget * (reach.budget_scale - 1)
         ranked_now = list(islice(_distinct(sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)),
                                  SEEDS))
-        for i, e in enumerate(ranked_now):
-            descend(e, spent() + (until - spent()) // (len(ranked_now) - i), paired=True)
+        descend_each(ranked_now, spent() + budget * (reach.budget_scale - 1), paired=True)
     if not evals:
         if cap is not None:
             raise PlanError(f"no plan for {topo.label} that fits the runtime's limits needs element counts in multiples "

@@ -38,6 +38,12 @@ settings.register_profile("thorough", deadline=None, max_examples=25 * SCALE, de
 settings.load_profile(PROFILE)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow go first: pytest-xdist hands out tests in collection order, and a
+    long test handed out last keeps one worker busy after the others have finished."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def examples(n: int) -> int:
     """A test's own number of examples, scaled by the profile."""
     return n * SCALE

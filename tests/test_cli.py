@@ -290,6 +290,7 @@ def test_impossible_sizes_and_paths_are_one_line_and_exit_2(tmp_path):
     assert not any(tmp_path.iterdir())  # the bench's --plot is checked before its CSV is written
 
 
+@pytest.mark.slow
 def test_every_sample_compiles_and_verifies(tmp_path):
     for sample in sorted(SAMPLES.iterdir()):
         if load_topology(sample).nranks > 256:
@@ -336,6 +337,7 @@ layers:
 """ + "".join(f"  - {{name: l{i}, params: {p}, fwd_ms: 0.2, bwd_ms: 0.4}}\n" for i, p in enumerate([300_000, 5_000, 1_200_000, 800_000, 64]))
 
 
+@pytest.mark.slow
 def test_plan_writes_a_plan_and_verified_programs(tmp_path):
     profile = tmp_path / "toy.yaml"
     profile.write_text(TOY_PROFILE)

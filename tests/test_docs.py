@@ -120,6 +120,7 @@ CONSOLE_PAGES = [p for p in PAGES if commands(p.read_text())]
 PYTHON_PAGES = [p for p in PAGES if ">>> " in p.read_text()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", CONSOLE_PAGES, ids=page_id)
 def test_console_examples_run_as_written(page, tmp_path):
     cwd = scratch(tmp_path)

@@ -151,6 +151,7 @@ def test_a_fidelity_point_reproduces():
     assert run.time_us == pytest.approx(point["predicted_us"], rel=1e-9)
 
 
+@pytest.mark.slow
 def test_a_training_row_reproduces():
     if not (SHARED / "data" / "layer-profiles.json").is_file():
         pytest.skip(f"{SHARED / 'data' / 'layer-profiles.json'} is absent: no ../shared beside this clone")

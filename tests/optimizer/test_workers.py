@@ -3,6 +3,7 @@ choices, times and evaluation counts must not depend on them."""
 
 from concurrent.futures import Future
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,6 +51,7 @@ def test_a_time_run_ahead_stands_in_only_for_the_same_lowering():
         search.close()
 
 
+@pytest.mark.slow
 def test_compile_writes_the_same_files_with_any_number_of_jobs(tmp_path):
     """`hipipe compile --jobs` changes when the files are ready, not what they hold; a count
     below one is refused in one line."""

@@ -239,14 +239,14 @@ def chunk_bytes(plan: ExecutionPlan, nbytes: int) -> int:
 def channel_pairs(plan: ExecutionPlan) -> dict[tuple[int, str, int], tuple[int, str, int]]:
     """Endpoint (rank, type, GPU-level index) -> the peer's endpoint it pairs with: the t-th
     channel A->B pairs with the t-th B->A (mscclpp.md 3.1). Unpaired endpoints are left out."""
-    out = {}
-    for g in plan.gpus:
+    towards: dict[tuple[int, str, int], list[int]] = {}  # (position, type, peer) -> its indices to that peer
+    for r, g in enumerate(plan.gpus):
         for t in ("memory", "port"):
-            seen: dict[int, int] = {}
             for i, p in enumerate(g.peers(t)):
-                k = seen.get(p, 0)
-                seen[p] = k + 1
-                back = [j for j, q in enumerate(plan.gpus[p].peers(t)) if q == g.id] if 0 <= p < plan.ngpus else []
-                if k < len(back):
-                    out[(g.id, t, i)] = (p, t, back[k])
+                towards.setdefault((r, t, p), []).append(i)
+    out = {}
+    for (r, t, p), indices in towards.items():
+        me = plan.gpus[r].id
+        for i, j in zip(indices, towards.get((p, t, me), [])):
+            out[(me, t, i)] = (p, t, j)
     return out

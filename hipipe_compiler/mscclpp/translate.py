@@ -145,9 +145,12 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
     ranks = [_Rank() for _ in program.gpus]
     conns = _connections(program)
     kind = {c: ("memory" if c[1] // node == c[2] // node else "port") for c in conns}
+    links: dict[tuple[int, int], list[Conn]] = {}  # the connections between two ranks, either way
+    for c in conns:
+        links.setdefault((min(c[1], c[2]), max(c[1], c[2])), []).append(c)
     for r, state in enumerate(ranks):
-        for peer in sorted({c[1] if c[2] == r else c[2] for c in conns if r in c[1:]}):
-            for c in sorted(c for c in conns if {c[1], c[2]} == {r, peer}):
+        for peer in sorted({b if a == r else a for a, b in links if r in (a, b)}):
+            for c in sorted(links[min(r, peer), max(r, peer)]):
                 table = state.memory if kind[c] == "memory" else state.port
                 state.channel_of[c] = (kind[c], len(table))
                 table.append(peer)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -413,30 +414,50 @@ class Execution:
             end[t.index] = t.clock
             ends[t.rank] = end if t.rank not in ends else np.maximum(ends[t.rank], end)
         double = self.plan.use_double_scratch_buffer
+        rank_of = [t.rank for t in self.tbs]
         for (rank, space), cells in self.memory.items():
+            end = ends.get(rank) if space != "s" else None
             for cell in cells:
                 history = cell.history or ()
-                late = [i for i, clock, _ in history
-                         if space != "s" and self.tbs[i].rank != rank and rank in ends and ends[rank][i] < clock]
-                if late:
-                    i = late[0]
-                    self._report(self.tbs[i], None, "unfinished-access", f"its access to {space} of rank {rank} is not "
-                                 f"ordered before rank {rank}'s kernel ends, so rank {rank}'s caller may reuse the buffer "
-                                 "under it")
-                ranks = {self.tbs[i].rank for i, _, _ in history}
-                if len(ranks) < 2 or not any(w for _, _, w in history) or (double and cell.packet):
-                    continue
-                for x, (i, clock, write) in enumerate(history):
-                    a = self.tbs[i].rank
-                    for y, (j, _, other_write) in enumerate(history):
-                        b = self.tbs[j].rank
-                        if cell.packet and write and not other_write and y > x:
-                            continue  # b read these packets: their flags proved the write had landed
-                        if b != a and (write or other_write) and b in ends and ends[b][i] < clock:
-                            rule = "slot-reuse" if space == "s" else "unfinished-write"
-                            self._report(self.tbs[i], None, rule, f"its access to {space} of rank {rank} is not ordered "
-                                         f"before rank {b}'s kernel ends, so rank {b}'s next launch may overlap it")
-                            break
+                if end is not None:
+                    i = next((i for i, clock, _ in history if rank_of[i] != rank and end[i] < clock), None)
+                    if i is not None:
+                        self._report(self.tbs[i], None, "unfinished-access", f"its access to {space} of rank {rank} is "
+                                     f"not ordered before rank {rank}'s kernel ends, so rank {rank}'s caller may reuse "
+                                     "the buffer under it")
+                if not (double and cell.packet):
+                    self._overlapping_launches(rank, space, cell, history, ends, rank_of)
+
+    def _overlapping_launches(self, rank: int, space: str, cell: _Cell, history: Sequence[tuple[int, int, bool]],
+                              ends: dict[int, np.ndarray], rank_of: list[int]) -> None:
+        """Each access to the cell that another rank's next launch may overlap: one of the two
+        writes, and the access is not ordered before that rank's kernel ends. Per access, the
+        rank named is the one whose first conflicting access to the cell comes first."""
+        first: dict[int, int] = {}  # rank -> position of its first access
+        first_write: dict[int, int] = {}
+        first_read: dict[int, int] = {}
+        for y, (j, _, w) in enumerate(history):
+            first.setdefault(rank_of[j], y)
+            (first_write if w else first_read).setdefault(rank_of[j], y)
+        if len(first) < 2 or not first_write:
+            return
+        for x, (i, clock, write) in enumerate(history):
+            if not write:
+                conflicts = first_write
+            elif not cell.packet:
+                conflicts = first
+            else:  # but not a read after this packet write: its flags proved the write had landed
+                never = len(history)
+                conflicts = {b: y for b in first
+                             if (y := min(first_write.get(b, never), r if (r := first_read.get(b, never)) < x else never))
+                             < never}
+            a = rank_of[i]
+            b = next((b for b, _ in sorted(conflicts.items(), key=lambda item: item[1])
+                      if b != a and b in ends and ends[b][i] < clock), None)
+            if b is not None:
+                rule = "slot-reuse" if space == "s" else "unfinished-write"
+                self._report(self.tbs[i], None, rule, f"its access to {space} of rank {rank} is not ordered "
+                             f"before rank {b}'s kernel ends, so rank {b}'s next launch may overlap it")
 
     def _results(self) -> None:
         plan, n = self.plan, self.plan.ngpus

@@ -1,8 +1,9 @@
 """Every plan of the default directories, loaded by MSCCL++'s own loader on a CPU.
 
-MSCCL++ cannot run without CUDA, but its plan loader and executor set-up can: built from
-microsoft/mscclpp at the pinned commit with the GPU calls stubbed (a `load-plan` program and
-its `check-plan.sh` driver, run for every rank). This script compiles the default
+MSCCL++ cannot run without CUDA, but its plan loader and the host side of its executor's
+set-up can: benchmarks/mscclpp-loader/ builds them from microsoft/mscclpp at the pinned commit
+into a `load-plan` program and its `check-plan.sh` driver, run for every rank (its README says
+how, and what runs). This script compiles the default
 directories (the sample topologies up to 128 ranks, all three collectives, 64 KiB to 1 GiB),
 hands every plan to that loader at the largest size of its window that the plan's chunks
 divide (`--both-ends`: the smallest too), and prints how many the loader accepts. The target:
@@ -10,7 +11,7 @@ all of them.
 
     python benchmarks/mscclpp_loader.py LOADER_DIR [--both-ends] [TOPOLOGY ...]
 
-LOADER_DIR holds `load-plan` and `check-plan.sh`.
+LOADER_DIR holds `load-plan` and `check-plan.sh` (`bash benchmarks/mscclpp-loader/build.sh CHECKOUT LOADER_DIR`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main(argv: list[str]) -> int:
     loader = Path(argv[0])
     check = loader / "check-plan.sh"
     if not check.exists():
-        print(f"{check} is missing: build the loader first")
+        print(f"{check} is missing: build the loader first (benchmarks/mscclpp-loader/README.md)")
         return 2
     topologies = argv[1:] or list(TOPOLOGIES)
     accepted = refused = 0

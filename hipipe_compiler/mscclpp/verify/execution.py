@@ -441,19 +441,19 @@ class Execution:
             (first_write if w else first_read).setdefault(rank_of[j], y)
         if len(first) < 2 or not first_write:
             return
+        never = len(history)
+        by_first = sorted(first, key=first.__getitem__)
+        writers = sorted(first_write, key=first_write.__getitem__)
         for x, (i, clock, write) in enumerate(history):
             if not write:
-                conflicts = first_write
+                named = writers
             elif not cell.packet:
-                conflicts = first
-            else:  # but not a read after this packet write: its flags proved the write had landed
-                never = len(history)
-                conflicts = {b: y for b in first
-                             if (y := min(first_write.get(b, never), r if (r := first_read.get(b, never)) < x else never))
-                             < never}
-            a = rank_of[i]
-            b = next((b for b, _ in sorted(conflicts.items(), key=lambda item: item[1])
-                      if b != a and b in ends and ends[b][i] < clock), None)
+                named = by_first
+            else:  # a read after this packet write does not count: its flags proved the write had landed
+                early = {b: y for b, y in first_read.items() if y < x}
+                named = sorted(early.keys() | first_write.keys(),
+                               key=lambda b: min(first_write.get(b, never), early.get(b, never)))
+            b = next((b for b in named if b != rank_of[i] and b in ends and ends[b][i] < clock), None)
             if b is not None:
                 rule = "slot-reuse" if space == "s" else "unfinished-write"
                 self._report(self.tbs[i], None, rule, f"its access to {space} of rank {rank} is not ordered "

@@ -9,17 +9,19 @@ hands every plan to that loader at the largest size of its window that the plan'
 divide (`--both-ends`: the smallest too), and prints how many the loader accepts. The target:
 all of them.
 
-    python benchmarks/mscclpp_loader.py LOADER_DIR [--both-ends] [TOPOLOGY ...]
+    python benchmarks/mscclpp_loader.py LOADER_DIR [--both-ends] [--jobs N] [--collective C] [TOPOLOGY ...]
 
 LOADER_DIR holds `load-plan` and `check-plan.sh` (`bash benchmarks/mscclpp-loader/build.sh CHECKOUT LOADER_DIR`).
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -32,25 +34,32 @@ from harness import PLAN_COLLECTIVES as COLLECTIVES, PLAN_TOPOLOGIES as TOPOLOGI
 
 
 
+def _check(check: Path, path: Path, sizes: list[int]) -> str | None:
+    """None when the loader accepts the plan for every rank at every size, else its last line."""
+    done = subprocess.run(["bash", str(check), "-q", str(path), *map(str, sizes)], capture_output=True, text=True)
+    return None if done.returncode == 0 else (done.stdout.strip().splitlines() or ["(no output)"])[-1]
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__)
-        return 2
-    both = "--both-ends" in argv
-    argv = [a for a in argv if a != "--both-ends"]
-    loader = Path(argv[0])
-    check = loader / "check-plan.sh"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("loader", type=Path, help="the directory holding load-plan and check-plan.sh")
+    parser.add_argument("topologies", nargs="*", help="topology files or presets (default: the sample directories')")
+    parser.add_argument("--both-ends", action="store_true", help="also the smallest size of each window")
+    parser.add_argument("--collective", action="append", choices=COLLECTIVES, help="only these (repeatable)")
+    parser.add_argument("--jobs", type=int, default=1, help="plans checked at once (each check runs every rank)")
+    args = parser.parse_args(argv)
+    check = args.loader / "check-plan.sh"
     if not check.exists():
         print(f"{check} is missing: build the loader first (benchmarks/mscclpp-loader/README.md)")
         return 2
-    topologies = argv[1:] or list(TOPOLOGIES)
     accepted = refused = 0
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in topologies:
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
+        for name in args.topologies or list(TOPOLOGIES):
             topo = load_topology(name)
-            for coll in COLLECTIVES:
+            for coll in args.collective or COLLECTIVES:
                 compiled = compile_plans(topo, CompileOptions(collective=coll), 64 << 10, 1 << 30)
+                checks = {}
                 for cp in compiled:
                     for plan in cp.plans:
                         path = Path(tmp) / f"{plan.name}.json"
@@ -58,18 +67,18 @@ def main(argv: list[str]) -> int:
                         lo = max(plan.min_message_size, size_multiple(plan))
                         lo += -lo % size_multiple(plan)
                         hi = timed_size(plan, plan.max_message_size)
-                        sizes = sorted({lo, hi}) if both else [hi]
+                        sizes = sorted({lo, hi}) if args.both_ends else [hi]
                         # check-plan takes the per-rank size n of an all-gather and the output of a reduce-scatter
                         per = [s // topo.nranks if coll in ("allgather", "reducescatter") else s for s in sizes]
-                        done = subprocess.run(["bash", str(check), "-q", str(path), *map(str, per)], capture_output=True,
-                                              text=True)
-                        if done.returncode == 0:
-                            accepted += 1
-                        else:
-                            refused += 1
-                            print(f"REFUSED {topo.label} {plan.name}: {done.stdout.strip().splitlines()[-1:]}")
-                print(f"{topo.label} {coll}: {sum(len(cp.plans) for cp in compiled)} plan(s) checked; "
-                      f"{accepted} accepted, {refused} refused so far ({time.perf_counter() - start:.0f} s)", flush=True)
+                        checks[plan.name] = pool.submit(_check, check, path, per)
+                for plan_name, verdict in checks.items():
+                    failure = verdict.result()
+                    accepted += failure is None
+                    refused += failure is not None
+                    print(f"{'accepted' if failure is None else 'REFUSED'} {topo.label} {plan_name} for all "
+                          f"{topo.nranks} ranks{'' if failure is None else ': ' + failure}", flush=True)
+                print(f"{topo.label} {coll}: {len(checks)} plan(s) checked; {accepted} accepted, {refused} refused so "
+                      f"far ({time.perf_counter() - start:.0f} s)", flush=True)
     total = accepted + refused
     holds = refused == 0 and total > 0
     print(f"target: MSCCL++'s loader accepts every plan, for every rank: {accepted} of {total} -> "

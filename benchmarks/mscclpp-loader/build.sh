@@ -28,7 +28,7 @@ sed -e "s/@MSCCLPP_MAJOR@/$(echo "$VER" | cut -d. -f1)/" -e "s/@MSCCLPP_MINOR@/$
 #   (reported by load-plan as a refusal) instead of silently reading garbage.
 # -include json_assert.hpp: nlohmann's JSON_ASSERT (missing key in a const json) throws instead of assert().
 # MSCCLPP_USE_CUDA: what CMake defines for the CUDA build of mscclpp_obj.
-CXXFLAGS="-std=c++17 -O1 -g -Wno-terminate -D_GLIBCXX_ASSERTIONS -DMSCCLPP_USE_CUDA -include $HERE/stubs/json_assert.hpp \
+CXXFLAGS="-std=c++17 -O2 -Wno-terminate -D_GLIBCXX_ASSERTIONS -DMSCCLPP_USE_CUDA -include $HERE/stubs/json_assert.hpp \
   -I$SRC/include -I$OUT/gen -I$SRC/src/core/include -I$CUDA_HOME/include -I$JSON_INCLUDE"
 build() { echo "+ $CXX ... -c $1"; nice -n 19 $CXX $CXXFLAGS ${3:-} -c "$1" -o "$2"; }
 

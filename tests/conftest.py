@@ -1,5 +1,5 @@
-"""Shared fixtures: where ../shared is, hypothesis settings, topology strategies and a
-helper that runs the `hipipe` command the way a user does."""
+"""Shared fixtures: where ../shared is, hypothesis settings, topology strategies, a helper that
+runs the `hipipe` command the way a user does, and the order that starts the slow tests first."""
 
 from __future__ import annotations
 
@@ -39,8 +39,9 @@ settings.load_profile(PROFILE)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked slow go first: pytest-xdist hands out tests in collection order, and a
-    long test handed out last keeps one worker busy after the others have finished."""
+    """The tests marked slow go first. pytest-xdist (--dist loadgroup) hands out the xdist
+    groups first, then single tests in collection order, and a long test handed out last keeps
+    one worker busy after the others have finished."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -57,7 +58,7 @@ void writeAll(int fd, const char* s, size_t n) {
 }
 void writeStr(int fd, const char* s) { writeAll(fd, s, strlen(s)); }
 
-// Copy captured stderr to the real stderr with newlines replaced by " | " (async-signal-safe).
+// Copy captured stderr to the real stderr with newlines replaced by " | " (only write/read/lseek).
 void dumpCaptured(bool oneLine) {
   if (gCaptureFd < 0 || gOrigStderr < 0) return;
   off_t end = lseek(gCaptureFd, 0, SEEK_CUR);

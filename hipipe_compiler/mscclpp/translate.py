@@ -146,10 +146,13 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
     conns = _connections(program)
     kind = {c: ("memory" if c[1] // node == c[2] // node else "port") for c in conns}
     links: dict[tuple[int, int], list[Conn]] = {}  # the connections between two ranks, either way
+    neighbours: dict[int, set[int]] = defaultdict(set)
     for c in conns:
         links.setdefault((min(c[1], c[2]), max(c[1], c[2])), []).append(c)
+        neighbours[c[1]].add(c[2])
+        neighbours[c[2]].add(c[1])
     for r, state in enumerate(ranks):
-        for peer in sorted({b if a == r else a for a, b in links if r in (a, b)}):
+        for peer in sorted(neighbours[r]):
             for c in sorted(links[min(r, peer), max(r, peer)]):
                 table = state.memory if kind[c] == "memory" else state.port
                 state.channel_of[c] = (kind[c], len(table))

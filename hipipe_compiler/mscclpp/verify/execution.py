@@ -430,9 +430,8 @@ class Execution:
 
     def _overlapping_launches(self, rank: int, space: str, cell: _Cell, history: Sequence[tuple[int, int, bool]],
                               ends: dict[int, np.ndarray], rank_of: list[int]) -> None:
-        """Each access to the cell that another rank's next launch may overlap: one of the two
-        writes, and the access is not ordered before that rank's kernel ends. Per access, the
-        rank named is the one whose first conflicting access to the cell comes first."""
+        """Report each access to the cell that another rank's next launch may overlap (one of the
+        two writes); the rank named is the one whose first conflicting access comes first."""
         first: dict[int, int] = {}  # rank -> position of its first access
         first_write: dict[int, int] = {}
         first_read: dict[int, int] = {}

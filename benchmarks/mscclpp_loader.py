@@ -28,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hipipe_compiler.arguments import integer_option  # noqa: E402
 from hipipe_compiler.compiler import CompileOptions  # noqa: E402
 from hipipe_compiler.plan_compiler import compile_plans, size_multiple, timed_size  # noqa: E402
 from hipipe_compiler.mscclpp.writer import save_plan  # noqa: E402
 from hipipe_compiler.presets import load_topology  # noqa: E402
 from harness import PLAN_COLLECTIVES as COLLECTIVES, PLAN_TOPOLOGIES as TOPOLOGIES  # noqa: E402
-
 
 
 class LoaderError(Exception):
@@ -48,13 +48,6 @@ def _check(check: Path, path: Path, sizes: list[int]) -> str | None:
     if done.returncode == 0:
         return None
     return (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or ["(no output)"])[-1]
-
-
-def _jobs(text: str) -> int:
-    """--jobs: a count of at least one."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return int(text)
 
 
 def _run(args: argparse.Namespace, check: Path, tmp: Path, pool: ThreadPoolExecutor) -> tuple[int, int]:
@@ -94,7 +87,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("topologies", nargs="*", help="topology files or presets (default: the sample directories')")
     parser.add_argument("--both-ends", action="store_true", help="also the smallest size of each window")
     parser.add_argument("--collective", action="append", choices=COLLECTIVES, help="only these (repeatable)")
-    parser.add_argument("--jobs", type=_jobs, default=1, help="plans checked at once (each check runs every rank)")
+    parser.add_argument("--jobs", type=integer_option("--jobs", 1), default=1,
+                        help="plans checked at once (each check runs every rank)")
     args = parser.parse_args(argv)
     check = args.loader / "check-plan.sh"
     if not check.exists() or not os.access(args.loader / "load-plan", os.X_OK):

@@ -309,7 +309,8 @@ int main(int argc, char** argv) {
       // getBufferSize(info.bufferType) in executor.cc throws for NONE
       if (info.bufferType != BufferType::INPUT && info.bufferType != BufferType::OUTPUT &&
           info.bufferType != BufferType::SCRATCH)
-        throw mscclpp::Error("Invalid buffer type", mscclpp::ErrorCode::ExecutorError);
+        throw mscclpp::Error("a switch channel names no input, output or scratch buffer",
+                             mscclpp::ErrorCode::ExecutorError);
       // [not run: connectNvlsCollective(comm, info.ranks, size)]
     }
 

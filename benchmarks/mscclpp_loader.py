@@ -1,23 +1,25 @@
 """Every plan of the default directories, loaded by MSCCL++'s own loader on a CPU.
 
-MSCCL++ cannot run without CUDA, but its plan loader can: benchmarks/mscclpp-loader/ builds it
-from microsoft/mscclpp at the pinned commit, with a driver that redoes the host side of the
-executor's set-up, into a `load-plan` program and its `check-plan.sh`, which runs it for every
-rank (its README says how, and what runs). This script compiles the default directories (the
-sample topologies up to 128 ranks, all three collectives, 64 KiB to 1 GiB), hands every plan to
-that loader at the largest size of its window that the plan's chunks divide (`--both-ends`: the
-smallest too), and prints each plan's verdict and how many the loader accepts. The target: all
-of them.
+MSCCL++ cannot run without CUDA, but its plan loader can. This script compiles the default
+directories (the sample topologies up to 128 ranks, all three collectives, 64 KiB to 1 GiB),
+hands every plan to a `load-plan` program for every rank, at the largest size of its window that
+the plan's chunks divide (`--both-ends`: the smallest too), and prints each plan's verdict and
+how many the loader accepts. The target: all of them.
 
-    python benchmarks/mscclpp_loader.py LOADER_DIR [--both-ends] [--jobs N] [--collective C] [TOPOLOGY ...]
+    python benchmarks/mscclpp_loader.py LOAD_PLAN [--both-ends] [--jobs N] [--collective C] [TOPOLOGY ...]
 
-LOADER_DIR holds `load-plan` and `check-plan.sh` (`bash benchmarks/mscclpp-loader/build.sh CHECKOUT LOADER_DIR`).
-A 128-rank plan takes about a second per rank: MSCCL++ parses the whole plan for each.
+LOAD_PLAN is MSCCL++'s loader (execution_plan.cc at the pinned commit) built for a CPU with a
+driver, outside this repository, that takes `PLAN.json RANK NBYTES` (NBYTES as NCCL's shim
+passes it: an all-gather's per-rank input, a reduce-scatter's per-rank output) and exits 0 when
+MSCCL++ accepts the plan, 1-4 with one line on stderr when it refuses (an exception, an
+assertion, a crash), and 2 on bad usage. A 128-rank plan takes about a second per rank: MSCCL++
+parses the whole plan for each.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -37,20 +39,33 @@ from harness import PLAN_COLLECTIVES as COLLECTIVES, PLAN_TOPOLOGIES as TOPOLOGI
 
 
 class LoaderError(Exception):
-    """check-plan.sh could not run (exit 2): the tool is broken, not the plan."""
+    """load-plan could not run: the tool is broken, not the plan."""
 
 
-def _check(check: Path, path: Path, sizes: list[int]) -> str | None:
-    """None when the loader accepts the plan for every rank at every size, else its last line."""
-    done = subprocess.run(["bash", str(check), "-q", str(path), *map(str, sizes)], capture_output=True, text=True)
-    if done.returncode == 2:
-        raise LoaderError(done.stderr.strip() or done.stdout.strip())
-    if done.returncode == 0:
-        return None
-    return (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or ["(no output)"])[-1]
+def _plan_ranks(path: Path) -> int:
+    """How many ranks the plan holds (its `gpus` array)."""
+    with path.open() as f:
+        return len(json.load(f)["gpus"])
 
 
-def _run(args: argparse.Namespace, check: Path, tmp: Path, pool: ThreadPoolExecutor) -> tuple[int, int]:
+def _check(load_plan: Path, path: Path, sizes: list[int]) -> str | None:
+    """None when the loader accepts the plan for every rank at every size, else the first refusal."""
+    for size in sizes:
+        for rank in range(_plan_ranks(path)):
+            try:
+                done = subprocess.run([str(load_plan), str(path), str(rank), str(size)], capture_output=True, text=True)
+            except OSError as e:
+                raise LoaderError(f"{load_plan}: {e.strerror}") from e
+            if done.returncode == 0:
+                continue
+            line = " ".join(done.stderr.split()) or "(no output)"
+            if done.returncode == 2:
+                raise LoaderError(line)
+            return f"rank {rank} at {size} bytes, exit {done.returncode}: {line}"
+    return None
+
+
+def _run(args: argparse.Namespace, load_plan: Path, tmp: Path, pool: ThreadPoolExecutor) -> tuple[int, int]:
     """Compile each directory, check its plans on the pool, print each verdict; (accepted, refused)."""
     accepted = refused = 0
     start = time.perf_counter()
@@ -67,9 +82,9 @@ def _run(args: argparse.Namespace, check: Path, tmp: Path, pool: ThreadPoolExecu
                     lo += -lo % size_multiple(plan)
                     hi = timed_size(plan, plan.max_message_size)
                     sizes = sorted({lo, hi}) if args.both_ends else [hi]
-                    # check-plan takes the per-rank size n of an all-gather and the output of a reduce-scatter
+                    # load-plan takes the per-rank size n of an all-gather and the output of a reduce-scatter
                     per = [s // topo.nranks if coll in ("allgather", "reducescatter") else s for s in sizes]
-                    checks[plan.name] = pool.submit(_check, check, path, per)
+                    checks[plan.name] = pool.submit(_check, load_plan, path, per)
             for plan_name, verdict in checks.items():
                 failure = verdict.result()
                 accepted += failure is None
@@ -83,21 +98,19 @@ def _run(args: argparse.Namespace, check: Path, tmp: Path, pool: ThreadPoolExecu
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("loader", type=Path, help="the directory holding load-plan and check-plan.sh")
+    parser.add_argument("load_plan", type=Path, help="MSCCL++'s loader built for a CPU (see above)")
     parser.add_argument("topologies", nargs="*", help="topology files or presets (default: the sample directories')")
     parser.add_argument("--both-ends", action="store_true", help="also the smallest size of each window")
     parser.add_argument("--collective", action="append", choices=COLLECTIVES, help="only these (repeatable)")
     parser.add_argument("--jobs", type=integer_option("--jobs", 1), default=1,
                         help="plans checked at once (each check runs every rank)")
     args = parser.parse_args(argv)
-    check = args.loader / "check-plan.sh"
-    if not check.exists() or not os.access(args.loader / "load-plan", os.X_OK):
-        print(f"{args.loader} holds no check-plan.sh and load-plan: build the loader first "
-              "(benchmarks/mscclpp-loader/README.md)")
+    if not args.load_plan.is_file() or not os.access(args.load_plan, os.X_OK):
+        print(f"{args.load_plan}: not an executable load-plan program (see this script's docstring)")
         return 2
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         try:
-            accepted, refused = _run(args, check, Path(tmp), pool)
+            accepted, refused = _run(args, args.load_plan, Path(tmp), pool)
         except LoaderError as e:
             pool.shutdown(cancel_futures=True)
             print(f"the loader did not run: {e}")

@@ -248,17 +248,19 @@ def read_plan(path: str | Path) -> ExecutionPlan:
     except OSError as exc:
         raise InputError(str(path), None, f"cannot read: {exc.strerror or exc}") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # nlohmann, the loader's parser, skips a byte order mark too
     except UnicodeDecodeError:
         raise InputError(str(path), None, "not UTF-8 text") from None
     return read_plan_text(text, str(path))
 
 
 def looks_like_plan(path: str | Path) -> bool:
-    """Whether a file is a JSON plan rather than MSCCL XML: its first non-blank character is '{'."""
+    """Whether a file is meant as a JSON plan rather than MSCCL XML: its first non-blank
+    character opens a JSON value ('{' or '['), or it is named .json and does not open a tag, so
+    that a broken plan is reported as bad JSON rather than as bad XML."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(512).lstrip()
+            head = fh.read(512).removeprefix(b"\xef\xbb\xbf").lstrip()
     except OSError:
         return False
-    return head.startswith(b"{")
+    return head.startswith((b"{", b"[")) or Path(path).suffix.lower() == ".json" and not head.startswith(b"<")

@@ -55,6 +55,10 @@ def test_bad_plans_and_options_are_one_line_and_exit_2(tmp_path):
         done = run_hipipe(*args)
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert str(bad) in done.stderr and "gpus[0].id" in done.stderr
+    for text, message in (("[]", "expected an object"), ("", "not valid JSON")):
+        bad.write_text(text)
+        done = run_hipipe("verify", bad)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
     done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--proto", "LL128", "--algo", "hierarchical",
                       "--size", "1MiB", "-o", tmp_path / "x.json")
     assert done.returncode == 2 and "LL128" in done.stderr and not (tmp_path / "x.json").exists()

@@ -83,3 +83,25 @@ def test_binary_and_missing_files(tmp_path):
         read_plan(blob)
     with pytest.raises(InputError, match="cannot read"):
         read_plan(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize("name, content, plan", [
+    ("p.json", b"[1, 2]", True),
+    ("p.json", b"", True),  # named as JSON: reported as bad JSON, not as bad XML
+    ("p.json", b"\xef\xbb\xbf  {}", True),
+    ("p.xml", b"\n  [", True),
+    ("p.xml", b"<algo/>", False),
+    ("p.json", b"<algo/>", False),  # it is XML, whatever its name
+    ("p", b"", False),
+])
+def test_plans_are_told_from_xml_by_their_first_character_or_name(name, content, plan, tmp_path):
+    path = tmp_path / name
+    path.write_bytes(content)
+    assert looks_like_plan(path) is plan
+
+
+def test_a_byte_order_mark_is_skipped_as_the_loader_skips_it(tmp_path):
+    plain, marked = tmp_path / "plain.json", tmp_path / "marked.json"
+    plain.write_text(write_plan(_plan()))
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_plan(marked) == read_plan(plain)

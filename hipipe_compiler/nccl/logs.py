@@ -192,10 +192,30 @@ def _row(tokens: list[str], header: list[str], source: str, number: int) -> Row 
                              f"got {tokens[i]!r}") from None
         if not 0 < value < 1e12:
             raise InputError(source, f"line {number}", f"expected a positive time in microseconds, got {tokens[i]!r}")
+        wrong = _wrong(tokens, header, i)
+        if wrong:
+            half = "in-place" if i != times[0] else "out-of-place" if len(times) > 1 else "only"
+            raise InputError(source, f"line {number}", f"nccl-tests counted {wrong} wrong elements in the {half} run: "
+                             "a run that computed wrong results measures no working NCCL; rerun it or drop the row")
         values.append(value)
     if size <= 0:
         return None
     return Row(size, min(values), number)
+
+
+def _wrong(tokens: list[str], header: list[str], time: int) -> str | None:
+    """The `#wrong` cell of the half whose time is in column `time`, when it counts any wrong
+    elements (N/A, with validation off, counts none); older layouts' `error`, a magnitude, is
+    not a count and is left alone."""
+    for j in range(time + 1, len(header)):
+        if header[j] in ("time", "cputime"):
+            return None
+        if header[j] == "#wrong":
+            try:
+                return tokens[j] if float(tokens[j]) > 0 else None
+            except ValueError:
+                return None
+    return None
 
 
 def _collective_name(binary: str, source: str, number: int) -> str:

@@ -77,6 +77,10 @@ def test_debug_lines_prefixes_and_timestamps_are_noise():
     (nccl_tests_log([(8, 10.0)], nodes=1, ppn=2).replace("   10.0  ", "   abc  ", 1), "line", "expected a time"),
     (nccl_tests_log([(8, 10.0)], nodes=1, ppn=2).replace("   10.0  ", "   -3.0  ", 1), "line", "positive time"),
     (nccl_tests_log([(8, 10.0)], nodes=1, ppn=2, env="NCCL_ALGO=Hypercube"), "NCCL_ALGO", "expected names"),
+    (nccl_tests_log([(8, 10.0)], nodes=1, ppn=2).replace("       0     10.0", "       3     10.0"), "line",
+     "3 wrong elements in the out-of-place run"),
+    (nccl_tests_log([(8, 10.0)], nodes=1, ppn=2).replace("       0\n# Out", "  1.2e+06\n# Out"), "line",
+     "1.2e+06 wrong elements in the in-place run"),
 ])
 def test_a_log_a_calibration_cannot_use_is_one_line_naming_the_fault(text, field, message):
     with pytest.raises(InputError) as err:
@@ -84,6 +88,14 @@ def test_a_log_a_calibration_cannot_use_is_one_line_naming_the_fault(text, field
     assert str(err.value).startswith("bad.log") and message in str(err.value) and "\n" not in str(err.value)
     if field:
         assert field in str(err.value)
+
+
+def test_unvalidated_rows_and_older_error_magnitudes_are_read():
+    text = nccl_tests_log([(8, 10.0), (16, 11.0)], nodes=1, ppn=2)
+    unchecked = parse_log(text.replace("       0 ", "     N/A "), "x.log")  # -c 0
+    assert [r.time_us for r in unchecked.rows] == [10.0, 11.0]
+    older = text.replace("#wrong", " error").replace("       0 ", "   1e-03 ")  # 2.10's max abs error, not a count
+    assert [r.time_us for r in parse_log(older, "y.log").rows] == [10.0, 11.0]
 
 
 def test_nccl_algo_and_proto_lists_and_exclusions():

@@ -38,8 +38,6 @@ PCIE_CARDS = {"0x20b5": GpuModel("A100 PCIe", 80, 0), "0x20f1": GpuModel("A100 P
               "0x2331": GpuModel("H100 PCIe", 90, 0)}
 #: 100 Mb/s per lane of PCIe by link speed string (topo.cc), unknown ones 60 (Gen3).
 PCIE_SPEEDS = {"2.5": 15, "5": 30, "8": 60, "16": 120, "32": 240, "64": 480}
-#: GB/s of a NIC whose speed NCCL reads as zero or less (topo.cc: 10 Gb/s).
-DEFAULT_NIC_MBPS = 10000
 
 
 @dataclass(frozen=True)
@@ -122,8 +120,8 @@ def _machine(root: etree._Element, name: str, gpu_name: str | None) -> NodeMachi
     speeds = [_int(n.get("speed"), name, "net.speed") for n in nets]
     nics = len(nets) + len(nic_pcis)
     nic_total = None
-    if nets and not nic_pcis:
-        nic_total = sum((s if s > 0 else DEFAULT_NIC_MBPS) for s in speeds) / 8000 / hosts
+    if nets and not nic_pcis and all(s > 0 for s in speeds):  # NCCL takes 10 Gb/s for the others: no measure of them
+        nic_total = sum(speeds) / 8000 / hosts
     nearest = tuple(_nearest(p, nets + nic_pcis) for p in gpus[:per_node])
     vendor = next((c.get("vendor") for c in root.iter("cpu") if c.get("vendor")), None)
     arch = next((c.get("arch") for c in root.iter("cpu") if c.get("arch")), None)
@@ -211,9 +209,9 @@ def import_topology(machine: NodeMachine, nodes: int | None = None, nvlink_GBps:
     if nodes > 1:
         total = nic_GBps * machine.gpus if nic_GBps is not None else machine.nic_GBps
         if total is None:
-            raise InputError(machine.source, "net.speed", f"the file gives no NIC speeds ({machine.nics} NIC(s) without "
-                             "<net speed=...>): give the network bandwidth per GPU with --nic-gbps (a 400 Gb/s NIC per "
-                             "GPU: 50)")
+            raise InputError(machine.source, "net.speed", f"the file does not give the speed of every NIC ({machine.nics} "
+                             "NIC(s); a <net speed=...> above 0 for each, where NCCL would take 10 Gb/s): give the network "
+                             "bandwidth per GPU with --nic-gbps (a 400 Gb/s NIC per GPU: 50)")
         per_gpu = total / machine.gpus
         why.append(f"network {per_gpu:g} GB/s per GPU: " + ("--nic-gbps" if nic_GBps is not None else
                    f"{machine.nics} NIC(s) of {total:g} GB/s in all, shared by {machine.gpus} GPUs"))

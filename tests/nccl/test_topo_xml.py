@@ -48,6 +48,20 @@ def test_partial_files_take_what_they_lack_from_flags_or_name_it():
     assert import_topology(m, nodes=1)[0].ndims == 1  # one node needs no network
 
 
+@pytest.mark.parametrize("speeds", [('speed="400000"', 'speed="-1"'), ('speed="400000"', ""), ("", "")])
+def test_a_nic_without_a_speed_is_not_given_nccls_guess(speeds):
+    nics = "".join(f'<pci busid="0000:0{i}:00.0" class="0x020700"><nic><net name="mlx5_{i}" dev="{i}" {s}/></nic></pci>'
+                   for i, s in enumerate(speeds))
+    gpus = "".join(f'<pci busid="0000:1{i}:00.0" class="0x030200" device="0x2330"><gpu dev="{i}" sm="90"/></pci>'
+                   for i in range(2))
+    m = read_topology_xml(f'<system version="1"><cpu>{nics}{gpus}</cpu></system>'.encode(), "nics.xml")
+    assert m.nic_GBps is None  # NCCL would take 10 Gb/s for the NIC without a speed; the machine's is unknown
+    with pytest.raises(InputError, match="speed of every NIC") as err:
+        import_topology(m, nodes=2)
+    assert str(err.value).startswith("nics.xml") and "--nic-gbps" in str(err.value)
+    assert import_topology(m, nodes=2, nic_GBps=50)[0].dimensions[1].bandwidth == 50
+
+
 def test_a_pcie_card_talks_over_pcie():
     m = read_topology_xml(topo_file("ncv4-topo.xml"))
     topo, _why = import_topology(m, nodes=1)

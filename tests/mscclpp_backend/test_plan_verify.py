@@ -9,6 +9,7 @@ import json
 import re
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op
 from hipipe_compiler.mscclpp.reader import read_plan_text
 from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
+from hipipe_compiler.mscclpp.verify.execution import clock_type
 from hipipe_compiler.presets import preset
 from hipipe_compiler.sim.plans import time_plan
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
@@ -92,6 +94,15 @@ def test_unmodelled_operations_fail_the_proof_instead_of_passing():
     tb = replace(g.threadblocks[0], ops=(Op("barrier", barrier_id=0, num_threadblocks=1), *g.threadblocks[0].ops))
     broken = replace(plan, gpus=(replace(g, threadblocks=(tb, *g.threadblocks[1:])), *plan.gpus[1:]))
     assert "unsupported" in verify_plan(broken).rules()
+
+
+def test_clocks_are_a_byte_within_the_executors_limit_and_wider_beyond_it():
+    assert [clock_type(n) for n in (64, 254, 255, 70000)] == [np.uint8, np.uint8, np.uint16, np.uint32]
+    plan = emitted("dgx-h100-8x1", "allreduce", "LL")
+    g = plan.gpus[0]
+    tb = replace(g.threadblocks[0], ops=(*(Op("nop"),) * 300, *g.threadblocks[0].ops))
+    longer = replace(plan, gpus=(replace(g, threadblocks=(tb, *g.threadblocks[1:])), *plan.gpus[1:]))
+    assert verify_plan(longer).rules() == {"op-limit"}  # refused before any clock runs
 
 
 def _worked_example() -> str:

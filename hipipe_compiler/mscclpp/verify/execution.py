@@ -51,6 +51,13 @@ def weights(n: int) -> list[int]:
     return out
 
 
+def clock_type(longest: int) -> type:
+    """The narrowest unsigned type that holds a clock of a block running `longest` operations:
+    a vector clock has an entry per threadblock of the plan, so on 1024 ranks its width
+    decides whether the proof fits in memory (within the executor's 64 operations, a byte)."""
+    return next(t for t in (np.uint8, np.uint16, np.uint32) if longest < np.iinfo(t).max)
+
+
 @dataclass
 class _Cell:
     value: Value | None = None
@@ -89,8 +96,9 @@ class Execution:
                        for nested in ((op,) if op.name != "pipeline" else op.ops)]
                 self.tbs.append(_Tb(len(self.tbs), g.id, tb.id, ops, 0))
         n = len(self.tbs)
+        clocks = clock_type(max((len(t.ops) for t in self.tbs), default=0))
         for t in self.tbs:  # one entry per threadblock, then one per rank: "its kernel has started"
-            t.vc = np.zeros(n + plan.ngpus, dtype=np.int32)
+            t.vc = np.zeros(n + plan.ngpus, dtype=clocks)
             t.vc[n + t.rank] = 1
         self.tb_plan = {(t.rank, t.id): plan.gpus[t.rank].threadblocks[t.id] for t in self.tbs}
         self.weight = weights(plan.ngpus)

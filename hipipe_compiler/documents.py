@@ -98,7 +98,8 @@ def _check_plain(value: Any, field: str = "", active: tuple[int, ...] = (), size
             total += _check_plain(item, f"{field}[{key}]" if isinstance(key, int) else (f"{field}.{key}" if field else key),
                                   active, sizes)
             if total > MAX_VALUES:
-                raise ValueError(f"{field or '(top level)'} expands to more than {MAX_VALUES:,} values (YAML aliases)")
+                raise ValueError(f"{field or '(top level)'} holds more than {MAX_VALUES:,} values, counting what YAML "
+                                 "aliases repeat")
         sizes[id(value)] = total
     return sizes[id(value)]
 

@@ -197,6 +197,7 @@ def test_derive_is_identity_without_synthetic_times():
     (lambda d: d["layers"][2].update(name="fc"), "layers[2].name", "unique"),
     (lambda d: d["layers"][2].update(ready_after="nope"), "layers[2].ready_after", "name of a layer"),
     (lambda d: d.pop("dtype_bytes"), "dtype_bytes", "required"),
+    (lambda d: d.update(dtype_bytes=3), "dtype_bytes", "one of 1, 2, 4, 8"),
     (lambda d: d["layers"][0].update(bwd_sm=1.0), "layers[0]", "unknown field 'bwd_sm'"),
     (lambda d: d.update(totals={"params": 139}), "totals.params", "sum over layers (138)"),
     (lambda d: d.update(totals={"bwd_ms": 9.0}), "totals.bwd_ms", "sum over layers"),

@@ -152,7 +152,8 @@ def directory_headers(path: str | Path) -> list[tuple[str, Program]]:
     whatever the extension, subdirectories skipped. InputError names a file it cannot read."""
     root = Path(path)
     if not root.is_dir():
-        raise InputError(str(root), None, "expected a directory of MSCCL programs (as for MSCCL_ALGO_DIR)")
+        raise InputError(str(root), None, "expected a directory of MSCCL programs (as for MSCCL_ALGO_DIR) or of MSCCL++ "
+                         "plans")
     # MSCCL_ALGO_DIR is the executor's: a legacy file there makes communicator init fail
     return [(f.name, read_header(f, "executor")) for f in sorted(root.iterdir()) if f.is_file()]
 
@@ -270,15 +271,18 @@ def read_counts(path: str | Path) -> list[int]:
     source = str(path)
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(source, None, f"cannot read file: {getattr(exc, 'strerror', None) or exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(source, None, "not UTF-8 text: expected one element count per line") from None
+    except OSError as exc:
+        raise InputError(source, None, f"cannot read file: {exc.strerror or exc}") from None
     counts = []
     for number, line in enumerate(lines, 1):
         text = line.split("#", 1)[0].strip()
         if not text:
             continue
         if not _COUNT.fullmatch(text) or int(text) < 1:  # ASCII digits: str.isdigit takes "²" too
-            raise InputError(source, f"line {number}", f"expected a whole number of elements >= 1, got {text[:40]!r}")
+            what = "from 1 to 18 digits long (an int64 count)" if text.isascii() and text.isdigit() else ">= 1"
+            raise InputError(source, f"line {number}", f"expected a whole number of elements {what}, got {text[:40]!r}")
         counts.append(int(text))
     if not counts:
         raise InputError(source, None, "no element counts in the file")

@@ -83,10 +83,13 @@ def test_read_counts_names_the_bad_line(tmp_path):
     bad.write_text("1024\n12.5\n")
     with pytest.raises(InputError, match=r"line 2: expected a whole number of elements >= 1, got '12.5'"):
         read_counts(bad)
-    for text in ("1024\n2²\n", "1024\n" + "9" * 5000 + "\n"):  # digits that are not ASCII, or too many
+    for text, words in (("1024\n2²\n", ">= 1"), ("1024\n" + "9" * 5000 + "\n", "18 digits")):  # not ASCII, too long
         bad.write_text(text)
-        with pytest.raises(InputError, match="line 2: expected a whole number of elements >= 1"):
+        with pytest.raises(InputError, match=f"line 2: expected a whole number of elements .*{words}"):
             read_counts(bad)
+    bad.write_bytes(b"1024\n\x80\x81\n")
+    with pytest.raises(InputError, match="not UTF-8 text"):
+        read_counts(bad)
 
 
 def test_hipipe_coverage_reports_served_calls_and_padding(tmp_path, directory):

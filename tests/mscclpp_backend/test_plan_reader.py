@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, strategies as st
 
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.plan_fitting import fit
-from hipipe_compiler.mscclpp.reader import MAX_DEPTH, looks_like_plan, read_plan, read_plan_text
+from hipipe_compiler.mscclpp.reader import MAX_DEPTH, _depth, looks_like_plan, read_plan, read_plan_text
 from hipipe_compiler.mscclpp.writer import plan_document, write_plan
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
@@ -105,3 +106,26 @@ def test_a_byte_order_mark_is_skipped_as_the_loader_skips_it(tmp_path):
     plain.write_text(write_plan(_plan()))
     marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     assert read_plan(marked) == read_plan(plain)
+
+
+def _nesting(value) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_nesting, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_nesting, value), default=0)
+    return 0
+
+
+_TEXT = st.text(alphabet='[]{}"\\ab\n', max_size=8)
+_JSON = st.recursive(st.none() | st.integers() | _TEXT,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TEXT, inner, max_size=3), max_leaves=20)
+
+
+@given(_JSON, st.booleans())
+def test_the_depth_check_counts_brackets_outside_strings_as_json_nests_them(value, compact):
+    text = json.dumps(value, separators=(",", ":") if compact else None)  # strings full of brackets, quotes, escapes
+    assert _depth(text) == _nesting(value)
+
+
+def test_a_string_left_open_hides_the_brackets_after_it():
+    assert _depth('[["a\\"]]') == 2 and _depth('[["a\\"[[[[') == 2 and _depth('{"x": "[[[') == 1

@@ -11,7 +11,7 @@ how many the loader accepts. The target: all of them.
 LOAD_PLAN is MSCCL++'s loader (execution_plan.cc at the pinned commit) built for a CPU with a
 driver, outside this repository, that takes `PLAN.json RANK NBYTES` (NBYTES as NCCL's shim
 passes it: an all-gather's per-rank input, a reduce-scatter's per-rank output) and exits 0 when
-MSCCL++ accepts the plan, 1-4 with one line on stderr when it refuses (an exception, an
+MSCCL++ accepts the plan, 1, 3 or 4 with one line on stderr when it refuses (an exception, an
 assertion, a crash), and 2 on bad usage. A 128-rank plan takes about a second per rank: MSCCL++
 parses the whole plan for each.
 """

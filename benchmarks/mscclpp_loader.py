@@ -19,7 +19,6 @@ parses the whole plan for each.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -42,16 +41,10 @@ class LoaderError(Exception):
     """load-plan could not run: the tool is broken, not the plan."""
 
 
-def _plan_ranks(path: Path) -> int:
-    """How many ranks the plan holds (its `gpus` array)."""
-    with path.open() as f:
-        return len(json.load(f)["gpus"])
-
-
-def _check(load_plan: Path, path: Path, sizes: list[int]) -> str | None:
-    """None when the loader accepts the plan for every rank at every size, else the first refusal."""
+def _check(load_plan: Path, path: Path, ranks: int, sizes: list[int]) -> str | None:
+    """None when the loader accepts the plan for each of its ranks at every size, else the first refusal."""
     for size in sizes:
-        for rank in range(_plan_ranks(path)):
+        for rank in range(ranks):
             try:
                 done = subprocess.run([str(load_plan), str(path), str(rank), str(size)], capture_output=True, text=True)
             except OSError as e:
@@ -84,7 +77,7 @@ def _run(args: argparse.Namespace, load_plan: Path, tmp: Path, pool: ThreadPoolE
                     sizes = sorted({lo, hi}) if args.both_ends else [hi]
                     # load-plan takes the per-rank size n of an all-gather and the output of a reduce-scatter
                     per = [s // topo.nranks if coll in ("allgather", "reducescatter") else s for s in sizes]
-                    checks[plan.name] = pool.submit(_check, load_plan, path, per)
+                    checks[plan.name] = pool.submit(_check, load_plan, path, plan.ngpus, per)
             for plan_name, verdict in checks.items():
                 failure = verdict.result()
                 accepted += failure is None

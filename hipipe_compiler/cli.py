@@ -447,6 +447,9 @@ def cmd_coverage(args: argparse.Namespace) -> int:
                            read_counts)
     from .coverage import directory_plans
     from .training.profiles import load_profile
+    if not Path(args.directory).is_dir():
+        raise InputError(args.directory, None, "expected a directory of MSCCL programs (as for MSCCL_ALGO_DIR) or of "
+                         "MSCCL++ plans")
     found = directory_plans(args.directory, "allreduce", args.world_size)
     plans = found is not None
     if found is not None:

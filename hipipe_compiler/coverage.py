@@ -152,8 +152,7 @@ def directory_headers(path: str | Path) -> list[tuple[str, Program]]:
     whatever the extension, subdirectories skipped. InputError names a file it cannot read."""
     root = Path(path)
     if not root.is_dir():
-        raise InputError(str(root), None, "expected a directory of MSCCL programs (as for MSCCL_ALGO_DIR) or of MSCCL++ "
-                         "plans")
+        raise InputError(str(root), None, "expected a directory of MSCCL programs (as for MSCCL_ALGO_DIR)")
     # MSCCL_ALGO_DIR is the executor's: a legacy file there makes communicator init fail
     return [(f.name, read_header(f, "executor")) for f in sorted(root.iterdir()) if f.is_file()]
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hipipe_compiler.coverage import coverage, ddp_buckets, directory_programs, read_counts
+from hipipe_compiler.coverage import coverage, ddp_buckets, directory_headers, directory_programs, read_counts
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.msccl.program import Program
 
@@ -161,3 +161,13 @@ def test_coverage_of_a_directory_of_mscclpp_plans(tmp_path):
     assert first["file"] and first["file"].endswith("-inplace.json")  # DDP all-reduces in place
     assert odd["file"] is None and "multiple" in odd["why_not"] and odd["padded_count"] > odd["count"]
     assert large["file"] is None and "outside" in large["why_not"] and large["padded_count"] is None
+
+
+def test_a_missing_directory_is_named_for_what_each_reader_takes(tmp_path):
+    counts = tmp_path / "counts.txt"
+    counts.write_text("1024\n")
+    done = run_hipipe("coverage", tmp_path / "absent", "--counts", counts)
+    assert done.returncode == 2 and "MSCCL++ plans" in done.stderr and done.stderr.count("\n") == 1
+    with pytest.raises(InputError) as err:  # the runtime's MSCCL_ALGO_DIR takes MSCCL programs only
+        directory_headers(tmp_path / "absent")
+    assert "MSCCL_ALGO_DIR" in str(err.value) and "MSCCL++" not in str(err.value)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from typing import Any
 
 from ..errors import InputError
 from .plan import (BUFFER_TYPES, MAX_MESSAGE_SIZE, Channel, ExecutionPlan, GpuPlan, Op, Operand, RemoteBuffer,
@@ -213,7 +213,7 @@ def _depth(text: str) -> int:
     if not brackets:
         return 0
     marks = np.frombuffer(brackets, dtype=np.uint8)
-    steps = np.where((marks == ord("[")) | (marks == ord("{")), 1, -1).astype(np.int64)
+    steps = np.where((marks == ord("[")) | (marks == ord("{")), 1, -1)
     return int(max(0, np.cumsum(steps).max()))
 
 

@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from . import __version__
 from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, compile_range,
                        window_summary, write_file_set)
+from .crossover import fastest_segments
 from .errors import InputError, PlanError
 from .msccl.program import Program
 from .msccl.verify import Report
@@ -105,21 +106,23 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
     windows = compile_range(topology, replace(options, check=False), min_bytes, max_bytes, planner, stopwatch=watch,
                             timed=False)
     bests = [_best_plan(topology, options, choices, index, cw, node_size, watch) for index, cw in enumerate(windows)]
-    # in-switch plans win from some size up: from the top window down, until one they do not fill
-    switched: list[list[tuple[int, Builder, dict[int, SimResult]]]] = [[] for _ in windows]
+    # in-switch plans win from some size up, though not always all of a window: from the top
+    # window down, until one where they serve nothing
+    served: list[list[Served]] = [[(cw.window.min_bytes, None, {})] for cw in windows]
+    seen: dict[tuple[int, int], float] = {}
     for index in reversed(range(len(windows)) if in_switch else ()):
         lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
-        switched[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch)
-        if not switched[index] or switched[index][0][0] > lo:
+        served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen)
+        if all(build is None for _s, build, _k in served[index]):
             break
     out = []
+    proven: dict[tuple[ExecutionPlan, bool], Report] = {}
     for index, (cw, best) in enumerate(zip(windows, bests)):
         lo, hi = cw.window.min_bytes, cw.window.max_bytes
         program, plan, result, size, schedule = best.program, best.plan, best.result, best.size, best.schedule
-        # in-switch plans take the window from where they are faster; the GPU-side plan keeps the rest
-        starts = [start for start, _b, _t in switched[index]] + [hi + 1]
-        segments = [(lo, starts[0] - 1, None, {})] * (starts[0] > lo) + [
-            (start, starts[k + 1] - 1, build, known) for k, (start, build, known) in enumerate(switched[index])]
+        # in-switch plans take the parts of the window where they are faster; the GPU-side plan the rest
+        starts = [start for start, _b, _t in served[index]] + [hi + 1]
+        segments = [(start, starts[k + 1] - 1, build, known) for k, (start, build, known) in enumerate(served[index])]
         for seg_lo, seg_hi, build, known in segments:
             if build is None:
                 plans = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
@@ -132,7 +135,7 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                 timed = result if build is None and at == size else known.get(at) or time_plan(plans[0], topology, at)
             out.append(replace(_finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi),
                                        program, plans, timed, at, schedule, best.stand_in and build is None,
-                                       build is not None, watch), times={**known, at: timed}))
+                                       build is not None, watch, proven), times={**known, at: timed}))
     return out
 
 
@@ -186,14 +189,19 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
 
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,
             plans: tuple[ExecutionPlan, ...], result: Any, size: int, schedule: Any, stand_in: bool, switched: bool,
-            watch: Stopwatch) -> CompiledPlans:
-    """One window's plans proven, and what the summary says of them."""
+            watch: Stopwatch, proven: dict[tuple[ExecutionPlan, bool], Report]) -> CompiledPlans:
+    """One window's plans proven, and what the summary says of them. `proven` keeps each proof
+    by the plan without its name and sizes, which the proof does not read: a plan that serves
+    several parts of a directory is proven once."""
     plan = plans[0]
     report = Report((), ())
     if options.check:
         with watch.phase("verify"):
             for p in plans:
-                report = verify_plan(p, layouts_of(p, aliased=program.inplace))
+                key = (replace(p, name="-", min_message_size=0, max_message_size=0), program.inplace)
+                if key not in proven:
+                    proven[key] = verify_plan(p, layouts_of(p, aliased=program.inplace))
+                report = proven[key]
                 if not report.ok:
                     raise VerificationFailed(window, report)
     with watch.phase("predict"):
@@ -221,71 +229,36 @@ def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, win
 
 
 Builder = Callable[[bool], ExecutionPlan]
+#: A part of a window: from which size, the in-switch plan that serves it (None: the plan
+#: translated from the search's schedule), and what was simulated of it on the way.
+Served = tuple[int, "Builder | None", dict[int, SimResult]]
 
 
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
-               watch: Stopwatch) -> list[tuple[int, Builder, dict[int, SimResult]]]:
-    """Where in-switch plans serve an all-reduce window: (from which size, which plan as a
-    builder per buffer mode, the times of its out-of-place plan simulated on the way),
-    ascending. The window is cut at powers of two; from the top piece down, each piece takes
-    the in-switch plan whose smaller gain over the translated plan at the piece's two ends is
-    the largest, until a piece where no in-switch plan beats it at both ends. Adjacent pieces
-    with the same plan merge."""
+               watch: Stopwatch, seen: dict[tuple[int, int], float] | None = None) -> list[Served]:
+    """Which plan serves each part of an all-reduce window, ascending from `lo`: (from which
+    size, the in-switch plan as a builder per buffer mode or None for `translated`, the times
+    of that out-of-place plan simulated on the way), as `fastest_segments` decides between
+    `translated` and every in-switch plan. `seen` keeps the in-switch plans' times from one
+    window to the next."""
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
-        return []
+        return [(lo, None, {})]
     candidates = [(build, build(False)) for build in switch_candidates(topology, translated.name)]
-    both = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
-    cuts = [1 << k for k in range(lo.bit_length(), hi.bit_length()) if lo < 1 << k <= hi]
-    pieces = list(zip([lo, *cuts], [c - 1 for c in cuts] + [hi]))
-    won: list[tuple[int, int, dict[int, SimResult]]] = []  # (piece start, candidate, its times), from the top down
+    step = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
+    results: dict[tuple[int | None, int], SimResult] = {}
+    orbits: dict[int | None, bool] = {}  # whether rank 0 alone times a plan: checked once, not per size
+
+    def time(i: int | None, size: int) -> float:
+        plan = translated if i is None else candidates[i][1]
+        if i not in orbits:
+            orbits[i] = symmetric(plan, topology)
+        results[(i, size)] = time_plan(plan, topology, size, orbits=orbits[i])
+        return results[(i, size)].time_us
     with watch.phase("predict"):
-        for start, end in reversed(pieces):
-            size = end - end % both
-            if size < max(start, both):
-                break
-            known: dict[tuple[int, int], SimResult] = {}
-            best = _best_on_both_ends(topology, translated, [plan for _b, plan in candidates],
-                                      (size, max(both, start + -start % both)), known)
-            if best is None:
-                break
-            won.append((start, best, {at: r for (i, at), r in known.items() if i == best}))
-    segments: list[tuple[int, Builder, dict[int, SimResult]]] = []
-    for start, best, times in reversed(won):
-        if not segments or segments[-1][1] is not candidates[best][0]:
-            segments.append((start, candidates[best][0], times))
-        else:
-            segments[-1][2].update(times)
-    return segments
-
-
-def _best_on_both_ends(topology: Topology, translated: ExecutionPlan, plans: list[ExecutionPlan],
-                       ends: tuple[int, int], known: dict[tuple[int, int], SimResult] | None = None) -> int | None:
-    """The plan whose smaller gain over `translated` at the two sizes is the largest, where it
-    beats it at both; None where none does. Plans are judged at the second size in the order
-    of their gain at the first, until no gain left there can beat the best one found. `known`
-    gets every plan's time simulated here, by (index, size)."""
-    top, low = ends
-    timed = {} if known is None else known
-    orbits: dict[int, bool] = {}  # whether rank 0 alone times plan i: checked once, not per size
-
-    def time(i: int, size: int) -> float:
-        if (i, size) not in timed:
-            if i not in orbits:
-                orbits[i] = symmetric(plans[i], topology)
-            timed[(i, size)] = time_plan(plans[i], topology, size, orbits=orbits[i])
-        return timed[(i, size)].time_us
-    mine_top = time_plan(translated, topology, top).time_us
-    mine_low = mine_top if low == top else time_plan(translated, topology, low).time_us
-    at_top = [mine_top / time(i, top) for i in range(len(plans))]
-    best, best_gain = None, 1.0
-    for i in sorted(range(len(plans)), key=lambda i: -at_top[i]):
-        if at_top[i] <= best_gain:
-            break
-        gain = at_top[i] if low == top else min(at_top[i], mine_low / time(i, low))
-        if gain > best_gain:
-            best, best_gain = i, gain
-    return best
+        segments = fastest_segments(lo, hi, step, len(candidates), time, seen=seen)
+    return [(seg.start, None if seg.choice is None else candidates[seg.choice][0],
+             {at: r for (i, at), r in results.items() if i == seg.choice}) for seg in segments]
 
 
 def switch_candidates(topology: Topology, name: str) -> list[Builder]:

@@ -23,18 +23,21 @@ class Window:
 
     @property
     def label(self) -> str:
-        """min..max, or min..<2^k when the window stops just below a power of two."""
+        """min..max, or min..<end when the window stops one byte below a round size."""
         return window_label(self.min_bytes, self.max_bytes)
 
 
 def window_label(min_bytes: int, max_bytes: int) -> str:
-    """A size window as people read it: 1KiB..<128KiB rather than 1KiB..127.999KiB.
+    """A size window as people read it: 1KiB..<128KiB rather than 1KiB..127.999KiB, where the
+    end is a whole number of KiB, MiB, GiB or TiB.
 
-    >>> window_label(1024, (128 << 10) - 1), window_label(1 << 20, 1 << 20)
-    ('1KiB..<128KiB', '1MiB..1MiB')
+    >>> window_label(1024, (128 << 10) - 1), window_label(1 << 20, 1 << 20), window_label(1 << 20, (56 << 20) - 1)
+    ('1KiB..<128KiB', '1MiB..1MiB', '1MiB..<56MiB')
+    >>> window_label(1 << 20, (3 << 19) - 1), window_label(1, 999)
+    ('1MiB..1.5MiB', '1B..999B')
     """
     end = max_bytes + 1
-    if end & (end - 1) == 0 and max_bytes > min_bytes:
+    if end % 1024 == 0 and "." not in format_size(end) and max_bytes > min_bytes:
         return f"{format_size(min_bytes)}..<{format_size(end)}"
     return f"{format_size(min_bytes)}..{format_size(max_bytes)}"
 

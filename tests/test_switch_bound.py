@@ -4,7 +4,6 @@ schedule of a family that mixes GPU-side and in-switch stages (switch_schedules.
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import pytest

@@ -6,7 +6,8 @@ hands every plan to a `load-plan` program for every rank, at the largest size of
 the plan's chunks divide (`--both-ends`: the smallest too), and prints each plan's verdict and
 how many the loader accepts. The target: all of them.
 
-    python benchmarks/mscclpp_loader.py LOAD_PLAN [--both-ends] [--jobs N] [--collective C] [TOPOLOGY ...]
+    python benchmarks/mscclpp_loader.py LOAD_PLAN [--both-ends] [--jobs N] [--collective C] [--sizes LO:HI]
+                                          [TOPOLOGY ...]
 
 LOAD_PLAN is MSCCL++'s loader (execution_plan.cc at the pinned commit) built for a CPU with a
 driver, outside this repository, that takes `PLAN.json RANK NBYTES` (NBYTES as NCCL's shim
@@ -29,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hipipe_compiler.arguments import integer_option  # noqa: E402
+from hipipe_compiler.arguments import integer_option, size_range_option  # noqa: E402
 from hipipe_compiler.compiler import CompileOptions  # noqa: E402
 from hipipe_compiler.plan_compiler import compile_plans, size_multiple, timed_size  # noqa: E402
 from hipipe_compiler.mscclpp.writer import save_plan  # noqa: E402
@@ -65,7 +66,7 @@ def _run(args: argparse.Namespace, load_plan: Path, tmp: Path, pool: ThreadPoolE
     for name in args.topologies or list(TOPOLOGIES):
         topo = load_topology(name)
         for coll in args.collective or COLLECTIVES:
-            compiled = compile_plans(topo, CompileOptions(collective=coll), 64 << 10, 1 << 30)
+            compiled = compile_plans(topo, CompileOptions(collective=coll), *args.sizes)
             checks: dict[str, Future[str | None]] = {}
             for cp in compiled:
                 for plan in cp.plans:
@@ -95,6 +96,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("topologies", nargs="*", help="topology files or presets (default: the sample directories')")
     parser.add_argument("--both-ends", action="store_true", help="also the smallest size of each window")
     parser.add_argument("--collective", action="append", choices=COLLECTIVES, help="only these (repeatable)")
+    parser.add_argument("--sizes", type=size_range_option, default=(64 << 10, 1 << 30),
+                        help="the directories' size range (default 64KiB:1GiB)")
     parser.add_argument("--jobs", type=integer_option("--jobs", 1), default=1,
                         help="plans checked at once (each check runs every rank)")
     args = parser.parse_args(argv)

@@ -31,7 +31,7 @@ from .mscclpp.plan import ExecutionPlan
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan
-from .plan_fitting import fit
+from .plan_fitting import fit, threadblock_budget
 from .schedule import hierarchical_plan
 from .sim import simulate_exact
 from .sim.plans import symmetric, time_plan
@@ -244,7 +244,11 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
         return [(lo, None, {})]
-    candidates = [(build, build(False)) for build in switch_candidates(topology, translated.name)]
+    budget = threadblock_budget(topology, options.limits).max_threadblocks
+    candidates = [(build, plan) for build in switch_candidates(topology, translated.name)
+                  if (plan := build(False)).max_threadblocks <= budget]
+    if not candidates:
+        return [(lo, None, {})]
     step = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
     results: dict[tuple[int | None, int], SimResult] = {}
     orbits: dict[int | None, bool] = {}  # whether rank 0 alone times a plan: checked once, not per size

@@ -4,17 +4,18 @@ execution plan out, following mscclpp.md sections 5 and 7.
 - Every receive gets its own slot in the receiver's scratch for the launch, so no slot is
   reused within a launch; the sender writes into it and signals (memory channel), or the
   proxy does (`pws` on a port channel, from a scratch source it never rewrites in the
-  launch); LL sends packets into the slot and needs no signal.
+  launch); LL sends packets into the slot and needs no signal, across nodes through the
+  proxy (`rppkt`), from the packets received or from a slot of its own it packs first.
 - Dependencies between threadblocks become semaphores, one per (producer, consumer) pair.
 - Local hazards get a `nop` (section 3.3): before a signal or release that publishes writes,
   after a wait or acquire before data is used, and between overlapping local operations.
-- A closing handshake on every connection (the receiver signals once it has read all its
-  slots; the sender waits for it) makes the next launch's writes land after this launch's
-  reads, and proves that the proxy has read every port source before the kernel ends.
-  An LL plan inside one node needs none: it moves packets only, on a double scratch buffer
-  that alternates halves between launches, and no rank can finish a launch before every
-  other rank has started it (its result needs their inputs), so a write of launch N+1 never
-  meets a read of launch N-1.
+- In a Simple plan, a closing handshake on every connection (the receiver signals once it
+  has read all its slots; the sender waits for it) makes the next launch's writes land after
+  this launch's reads, and proves that the proxy has read every port source before the
+  kernel ends. An LL plan needs none: it moves packets only, on a double scratch buffer that
+  alternates halves between launches, and no rank can finish a launch before every other
+  rank has started it (its result needs their inputs), so a write of launch N+1 never meets
+  a read of launch N-1, the proxy's included (they end before the receiver has the packets).
 
 >>> from hipipe_compiler.presets import preset
 >>> from hipipe_compiler.schedule import hierarchical_plan
@@ -157,7 +158,7 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
                 table = state.memory if kind[c] == "memory" else state.port
                 state.channel_of[c] = (kind[c], len(table))
                 table.append(peer)
-    double = packets and all(k == "memory" for k in kind.values())
+    double = packets
     slots = _receive_slots(program, kind, packets, ranks)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
     edges = _semaphores(program, ranks)
@@ -203,13 +204,20 @@ def _real_steps(steps: tuple[Step, ...]) -> list[tuple[int, Step, list[tuple[int
 def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks: list[_Rank]) -> dict:
     """Each receive's slot, keyed (rank, tb, position): packet slots first (they take 2C per
     chunk, mscclpp.md 3.4), then the program's own scratch, then plain slots."""
-    out: dict[tuple[int, int, int], Slot] = {}
+    out: dict[tuple, Slot] = {}
     for gpu in program.gpus:
         state = ranks[gpu.id]
-        receives = [(tb, pos, st) for tb in gpu.threadblocks for pos, st, _ in _real_steps(tb.steps) if st.receives]
-        for tb, pos, st in receives:
-            if packets and kind[(tb.chan, tb.recv, gpu.id)] == "memory":
-                out[(gpu.id, tb.id, pos)] = Slot(state.packet_end, st.cnt, True)
+        steps = [(tb, pos, st) for tb in gpu.threadblocks for pos, st, _ in _real_steps(tb.steps)]
+        receives = [(tb, pos, st) for tb, pos, st in steps if st.receives]
+        for tb, pos, st in receives if packets else ():
+            out[(gpu.id, tb.id, pos)] = Slot(state.packet_end, st.cnt, True)
+            state.packet_end += st.cnt
+        # LL across nodes: the proxy puts packets packed beforehand into a slot of the sender's
+        # own, unless it forwards packets received as they are
+        for tb, pos, st in steps if packets else ():
+            if st.sends and kind[(tb.chan, gpu.id, tb.send)] == "port" and (
+                    not st.receives or st.type in ("rrc", "rrs", "rrcs")):
+                out[(gpu.id, tb.id, pos, "packed")] = Slot(state.packet_end, st.cnt, True)
                 state.packet_end += st.cnt
         state.plain_end = 2 * state.packet_end + gpu.s_chunks
         for tb, pos, st in receives:
@@ -340,6 +348,9 @@ class _Emission:
             return
         target = self.sends[(self.rank, self.tb.id, pos)]
         remote = Operand(None, target.index, target.size, buffer_id=self.remote)
+        if self.send_kind == "port" and target.packet:
+            self.send_port_packets(pos, st, src, dst, slot, reduce, store, remote)
+            return
         if self.send_kind == "port":
             self.send_port(st, src, dst, slot, packet_in, reduce, store, remote)
             return
@@ -387,3 +398,25 @@ class _Emission:
         # as this launch has signalled that it read the slot: the proxy must be done with it
         name = "pwsf" if value is slot else "pws"
         ops.data(Op(name, "port", (self.send_channel,), src=(value,), dst=(remote,)))
+
+    def send_port_packets(self, pos: int, st: Step, src: Operand, dst: Operand, slot: Operand | None, reduce: bool,
+                          store: bool, remote: Operand) -> None:
+        """An LL send over a port channel (mscclpp.md 4, as MSCCL++'s own multi-node packet
+        programs do): the value is packed into a slot of this rank's scratch, or the packets
+        received are forwarded from their slot, and `rppkt` has the proxy put them once their
+        flags show; the receiver's packet read needs no signal. The proxy reads the slot until
+        the receiver has the packets, which is before any rank can start the launch after next,
+        the first to write that half of the double scratch buffer again."""
+        ops = self.ops
+        if slot is not None and not reduce:
+            ops.data(Op("rppkt", "port", (self.send_channel,), src=(slot,), dst=(remote,)))
+            if store:
+                ops.data(Op("upkt", src=(slot,), dst=(dst,)))
+            return
+        packed = self.slots[(self.rank, self.tb.id, pos, "packed")]
+        packed_slot = Operand("s", packed.index, packed.size)
+        if slot is None:
+            ops.data(Op("cpkt", src=(src,), dst=(packed_slot,)))
+        else:
+            ops.data(Op("recpkt", src=(src, slot), dst=(dst if store else self.state.staging(st.cnt), packed_slot)))
+        ops.data(Op("rppkt", "port", (self.send_channel,), src=(packed_slot,), dst=(remote,)))

@@ -90,8 +90,8 @@ def _too_many_ops(plan: ExecutionPlan) -> ExecutionPlan | None:
 def _packet_twice(plan: ExecutionPlan) -> ExecutionPlan | None:
     def edit(_r: int, _t: int, ops: list[Op]) -> bool:
         for i, op in enumerate(ops):
-            if op.name == "ppkt":
-                moved = replace(op, src=(replace(op.src[0], index=0 if op.src[0].index else op.src[0].size),))
+            if op.name == "ppkt" and op.src[0].index:  # the same slot again, from the chunk before
+                moved = replace(op, src=(replace(op.src[0], index=0),))
                 ops.insert(i + 1, moved)
                 return True
         return False
@@ -106,6 +106,12 @@ def _unpaired_channel(plan: ExecutionPlan) -> ExecutionPlan | None:
     first = channels[0]
     channels[0] = replace(first, connected_to=first.connected_to + (first.connected_to[0],))
     return replace(plan, gpus=(replace(g, channels=tuple(channels)), *plan.gpus[1:]))
+
+
+def _single_scratch(plan: ExecutionPlan) -> ExecutionPlan | None:
+    """An LL plan without its double scratch buffer: with no closing handshake, a fast sender's
+    next launch could write packets over ones not yet read."""
+    return replace(plan, use_double_scratch_buffer=False) if plan.use_double_scratch_buffer else None
 
 
 #: name -> (mutation, rules of which at least one must be reported)
@@ -145,4 +151,8 @@ MUTATIONS: dict[str, tuple[Mutation, set[str]]] = {
     "a packet slot written twice": (_packet_twice, {"packet-rewrite", "semantics"}),
     "eleven operands": (_many_operands, {"operand-limit"}),
     "a channel without its pair": (_unpaired_channel, {"channel-pairing", "deadlock"}),
+    "the double scratch buffer of an LL plan turned off": (_single_scratch, {"slot-reuse"}),
+    "the packing before a port packet put dropped": (
+        _drop_first(lambda ops, i: ops[i].name in ("cpkt", "recpkt") and any(
+            o.name == "rppkt" and o.channel_type == "port" for o in ops[i + 1:])), {"deadlock"}),
 }

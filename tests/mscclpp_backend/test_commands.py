@@ -81,7 +81,7 @@ def test_a_broken_plan_fails_verification_with_exit_1(tmp_path):
 
 def test_a_plan_above_the_executors_limits_is_refused_naming_the_limit(tmp_path):
     out = tmp_path / "x.json"
-    done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--size", "64MiB", "--max-tbs", "2", "-o", out)
+    done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--size", "64MiB", "--max-tbs", "1", "-o", out)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "threadblocks" in done.stderr and not out.exists()
 

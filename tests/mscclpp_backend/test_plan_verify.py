@@ -30,14 +30,17 @@ from strategies import plans
 
 
 @functools.lru_cache(maxsize=None)
-def emitted(name: str, collective: str, protocol: str, chunks: int = 2) -> ExecutionPlan:
+def emitted(name: str, collective: str, protocol: str, schedule: str = "hierarchical") -> ExecutionPlan:
     topo = preset(name)
-    _, plan = fit(hierarchical_plan(topo, collective, chunks=chunks, protocol=protocol, max_bytes=1 << 20), topo, "t")
-    return plan
+    plan = (hierarchical_plan(topo, collective, chunks=2, protocol=protocol, max_bytes=1 << 20) if schedule != "ring"
+            else ring_plan(topo, collective, protocol=protocol, max_bytes=1 << 20))
+    return fit(plan, topo, "t")[1]
 
 
+#: a ring across nodes in LL forwards packets through the proxy
 SUBJECTS = [("dgx-h100-8x2", "allreduce", "Simple"), ("dgx-h100-8x2", "reducescatter", "LL"),
-            ("dgx-h100-8x1", "allreduce", "LL"), ("torus-4x4", "allgather", "Simple")]
+            ("dgx-h100-8x1", "allreduce", "LL"), ("torus-4x4", "allgather", "Simple"),
+            ("dgx-h100-8x2", "allgather", "LL", "ring")]
 
 
 @pytest.mark.parametrize("subject", SUBJECTS, ids="-".join)

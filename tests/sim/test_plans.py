@@ -35,6 +35,28 @@ def test_one_node_ll_plans_take_the_xml_programs_time(collective):
         assert time_plan(plan, topo, size).time_us == pytest.approx(simulate_exact(program, topo, size).time_us, rel=1e-9)
 
 
+@pytest.mark.parametrize("collective", ["allreduce", "reducescatter", "allgather"])
+def test_ll_across_nodes_puts_packets_through_the_proxy_and_takes_the_xml_programs_time(collective):
+    """Every port send of an LL plan is an `rppkt` of packets, received or packed into the
+    sender's own scratch; with local work free, the plan takes the XML program's time: LL's
+    alpha per network send, and no closing handshake."""
+    latency = {"LL": 1.0, "LL128": 2.0, "Simple": 3.0}
+    topo = Topology((Dimension(4, "switch", 100.0, latency, link="nvlink"),
+                     Dimension(2, "switch", 25.0, {"LL": 5.0, "LL128": 8.0, "Simple": 20.0}, link="network")))
+    program, plan = fit(hierarchical_plan(topo, collective, chunks=2, protocol="LL", max_bytes=1 << 20), topo, "t")
+    packed = 0
+    for g in plan.gpus:
+        for tb in g.threadblocks:
+            for i, op in enumerate(tb.ops):
+                if op.channel_type == "port" and (op.src or op.dst):
+                    assert op.name == "rppkt" and op.src[0].buffer == "s"
+                    packed += any(p.name in ("cpkt", "recpkt") and op.src[0] in p.dst for p in tb.ops[:i])
+    assert packed and plan.use_double_scratch_buffer
+    for size in (1 << 12, 1 << 16):
+        xml, ours = simulate_exact(program, topo, size).time_us, time_plan(plan, topo, size).time_us
+        assert ours == pytest.approx(xml, rel=1e-9)
+
+
 def test_a_simple_plan_pays_one_closing_signal_more_than_xml():
     topo = Topology((Dimension(4, "switch", 100.0, 2.0),))
     program, plan = fit(hierarchical_plan(topo, "allgather", protocol="Simple", max_bytes=1 << 20), topo, "t")

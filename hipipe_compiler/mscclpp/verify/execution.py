@@ -7,7 +7,8 @@ clocks for what each threadblock may see:
 - a port channel's proxy orders each connection: a `put` there becomes visible with the
   next signal on it, and its source is read until the peer's `wait` takes that signal;
 - packets need no signal: a packet operation waits until every packet it reads was written
-  in this launch;
+  in this launch. A port `rppkt` writes the peer's packets at once, and its proxy reads the
+  source until the peer's first packet operation reads them;
 - a switch channel's `glres` reads the region on every member of its group and stores the
   sum to every member of its destination's group; `gstore` stores a local region to every
   member. Both are plain accesses to the members' memory by the issuing block: a member's
@@ -106,6 +107,8 @@ class Execution:
         self.queues: dict[tuple[int, str, int], deque] = defaultdict(deque)
         self.semaphores: dict[tuple[int, int], deque] = {}
         self.port_writes: dict[tuple[int, int], list] = defaultdict(list)
+        #: (rank, first cell) of packets a proxy put -> the sender's place it reads them from
+        self.proxy_sources: dict[tuple[int, int], tuple] = {}
         self.pair = channel_pairs(plan)
         self.blocked_on: dict[tuple, list[_Tb]] = defaultdict(list)
         self.woken: list[tuple] = []  # keys whose waiters the last operation may have unblocked
@@ -258,7 +261,11 @@ class Execution:
             return
         srcs = [self._place(t, op, o, packet_operand(name, True, k)) for k, o in enumerate(op.src)]
         dsts = [self._place(t, op, o, packet_operand(name, False, k)) for k, o in enumerate(op.dst)]
-        values = [self._read(t, place, pos, proxy=op.channel_type == "port" and name in ("put", "pws")) for place in srcs]
+        values = [self._read(t, place, pos, proxy=op.channel_type == "port" and name in ("put", "pws", "rppkt"))
+                  for place in srcs]
+        for place in srcs:  # packets a proxy put here: its read of their source ends now
+            if place[4] and place[0] == t.rank and (place[0], place[2]) in self.proxy_sources:
+                self._access(t, self.proxy_sources.pop((place[0], place[2])), write=False, pos=pos, proxy=True)
         if name in ("re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt"):
             result = [self._sum(t, pos, [v[j] for v in values]) for j in range(len(values[0]))]
             outs = [(d, result) for d in dsts]
@@ -269,6 +276,12 @@ class Execution:
                 # thread k drives channel k with destination k (handlePut); pwsf returns once the
                 # proxy is done, so its sources were read at the op
                 channel = op.channel_ids[min(k, len(op.channel_ids) - 1)]
+                if name == "rppkt":
+                    # packets land whenever the proxy gets to them and announce themselves; the
+                    # proxy reads the source until the receiver has read what it put
+                    self._write(t, place, vals, pos)
+                    self.proxy_sources[(place[0], place[2])] = srcs[min(k, len(srcs) - 1)]
+                    continue
                 if name != "put" and name not in ("pws", "pwsf"):
                     continue
                 read = [srcs[min(k, len(srcs) - 1)]] if name != "pwsf" else []
@@ -336,7 +349,7 @@ class Execution:
         for cell in self._span(place):
             if not record:
                 w = cell.writer
-                if w is not None and not self._ordered(t, w):
+                if w is not None and not place[4] and not self._ordered(t, w):
                     rule = "nop-hazard" if w[0] == t.index else "unpublished-read"
                     self._report(t, pos, rule, f"a port put reads {space} of rank {rank} before the write by "
                                  f"{self._name(w[0])} is visible to it")

@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hipipe_compiler.arguments import integer_option, size_range_option  # noqa: E402
 from hipipe_compiler.compiler import CompileOptions  # noqa: E402
+from hipipe_compiler.errors import InputError  # noqa: E402
 from hipipe_compiler.plan_compiler import compile_plans, size_multiple, timed_size  # noqa: E402
 from hipipe_compiler.mscclpp.writer import save_plan  # noqa: E402
 from hipipe_compiler.presets import load_topology  # noqa: E402
@@ -104,6 +105,12 @@ def main(argv: list[str]) -> int:
     if not args.load_plan.is_file() or not os.access(args.load_plan, os.X_OK):
         print(f"{args.load_plan}: not an executable load-plan program (see this script's docstring)")
         return 2
+    for name in args.topologies:  # every topology read before the first hour of loading
+        try:
+            load_topology(name)
+        except InputError as e:
+            print(f"mscclpp_loader.py: {e}")
+            return 2
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         try:
             accepted, refused = _run(args, args.load_plan, Path(tmp), pool)

@@ -36,6 +36,7 @@ from hipipe_compiler.errors import InputError  # noqa: E402
 from hipipe_compiler.plan_compiler import compile_plans, size_multiple, timed_size  # noqa: E402
 from hipipe_compiler.mscclpp.writer import save_plan  # noqa: E402
 from hipipe_compiler.presets import load_topology  # noqa: E402
+from hipipe_compiler.topology import Topology  # noqa: E402
 from harness import PLAN_COLLECTIVES as COLLECTIVES, PLAN_TOPOLOGIES as TOPOLOGIES  # noqa: E402
 
 
@@ -60,12 +61,12 @@ def _check(load_plan: Path, path: Path, ranks: int, sizes: list[int]) -> str | N
     return None
 
 
-def _run(args: argparse.Namespace, load_plan: Path, tmp: Path, pool: ThreadPoolExecutor) -> tuple[int, int]:
+def _run(args: argparse.Namespace, topologies: list[Topology], load_plan: Path, tmp: Path,
+         pool: ThreadPoolExecutor) -> tuple[int, int]:
     """Compile each directory, check its plans on the pool, print each verdict; (accepted, refused)."""
     accepted = refused = 0
     start = time.perf_counter()
-    for name in args.topologies or list(TOPOLOGIES):
-        topo = load_topology(name)
+    for topo in topologies:
         for coll in args.collective or COLLECTIVES:
             compiled = compile_plans(topo, CompileOptions(collective=coll), *args.sizes)
             checks: dict[str, Future[str | None]] = {}
@@ -105,15 +106,14 @@ def main(argv: list[str]) -> int:
     if not args.load_plan.is_file() or not os.access(args.load_plan, os.X_OK):
         print(f"{args.load_plan}: not an executable load-plan program (see this script's docstring)")
         return 2
-    for name in args.topologies:  # every topology read before the first hour of loading
-        try:
-            load_topology(name)
-        except InputError as e:
-            print(f"mscclpp_loader.py: {e}")
-            return 2
+    try:  # every topology read before the first hour of loading
+        topologies = [load_topology(name) for name in args.topologies or TOPOLOGIES]
+    except InputError as e:
+        print(f"mscclpp_loader.py: {e}")
+        return 2
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.jobs) as pool:
         try:
-            accepted, refused = _run(args, args.load_plan, Path(tmp), pool)
+            accepted, refused = _run(args, topologies, args.load_plan, Path(tmp), pool)
         except LoaderError as e:
             pool.shutdown(cancel_futures=True)
             print(f"the loader did not run: {e}")

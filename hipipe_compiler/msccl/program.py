@@ -61,6 +61,11 @@ class Step:
         return self.type in RECEIVING_TYPES
 
     @property
+    def reduces_received(self) -> bool:
+        """Whether the step sums what it receives into its src (rrs, rrc, rrcs)."""
+        return self.type in REDUCING_TYPES and self.type in RECEIVING_TYPES
+
+    @property
     def reads_src(self) -> bool:
         return self.type in READING_TYPES
 

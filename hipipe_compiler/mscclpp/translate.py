@@ -215,8 +215,7 @@ def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks
         # LL across nodes: the proxy puts packets packed beforehand into a slot of the sender's
         # own, unless it forwards packets received as they are
         for tb, pos, st in steps if packets else ():
-            if st.sends and kind[(tb.chan, gpu.id, tb.send)] == "port" and (
-                    not st.receives or st.type in ("rrc", "rrs", "rrcs")):
+            if st.sends and kind[(tb.chan, gpu.id, tb.send)] == "port" and (not st.receives or st.reduces_received):
                 out[(gpu.id, tb.id, pos, "packed")] = Slot(state.packet_end, st.cnt, True)
                 state.packet_end += st.cnt
         state.plain_end = 2 * state.packet_end + gpu.s_chunks
@@ -338,7 +337,7 @@ class _Emission:
             if not s.packet:
                 ops.sync_in(Op("wait", self.recv_kind, (self.recv_channel,)))
         packet_in = slot is not None and self.slots[(self.rank, self.tb.id, pos)].packet
-        reduce = st.type in ("rrc", "rrs", "rrcs")
+        reduce = st.reduces_received
         store = st.type in ("r", "rrc", "rcs", "rrcs")
         if not st.sends:
             if reduce:

@@ -44,6 +44,8 @@ from ..topology import Topology
 from .network import NETWORK_EVENTS, Message, Network
 from .simulate import DimensionUsage, Interval, SimResult, SimulationError
 
+#: Operations that write packets into this rank's own scratch, for a later put of them.
+PACKS_LOCALLY = frozenset({"cpkt", "recpkt", "recspkt"})
 LOCAL_OPS = frozenset({"copy", "re", "res", "rre", "rres", "cpkt", "upkt", "repkt", "respkt", "recpkt", "recspkt"})
 
 
@@ -207,8 +209,8 @@ class _Timer:
                     self.send(r, op, o, packet_operand(op.name, False, k), not port or op.name == "pwsf", channel)
                     if port and op.name in ("pws", "pwsf"):  # thread k puts and signals on channel k
                         self.signal(r, op, channel)
-            for k, o in enumerate(op.dst):  # packets packed here can be put once their flags show
-                if o.buffer_id is None and o.switch_channel_id is None and packet_operand(op.name, False, k):
+            for k, o in enumerate(op.dst if op.name in PACKS_LOCALLY else ()):  # can be put once their flags show
+                if o.buffer_id is None and packet_operand(op.name, False, k):
                     self.packets.update((r.rank, c) for c in range(2 * o.index, 2 * o.end))
                     self.wake(("pkt", r.rank))
             if r.pending:

@@ -1,4 +1,4 @@
-"""Every plan of the default directories, loaded by MSCCL++'s own loader on a CPU.
+"""Every plan of the default directories, fallbacks included, loaded by MSCCL++'s own loader on a CPU.
 
 MSCCL++ cannot run without CUDA, but its plan loader can. This script compiles the default
 directories (the sample topologies up to 128 ranks, all three collectives, 64 KiB to 1 GiB),
@@ -68,10 +68,10 @@ def _run(args: argparse.Namespace, topologies: list[Topology], load_plan: Path, 
     start = time.perf_counter()
     for topo in topologies:
         for coll in args.collective or COLLECTIVES:
-            compiled = compile_plans(topo, CompileOptions(collective=coll), *args.sizes)
+            compiled = compile_plans(topo, CompileOptions(collective=coll), *args.sizes, fallbacks=True)
             checks: dict[str, Future[str | None]] = {}
             for cp in compiled:
-                for plan in cp.plans:
+                for plan in cp.plans + cp.fallbacks:
                     path = tmp / f"{plan.name}.json"
                     save_plan(plan, path)
                     lo = max(plan.min_message_size, size_multiple(plan))

@@ -149,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bucket-cap-mb", type=positive_option("--bucket-cap-mb"), default=25.0, help="DDP's bucket_cap_mb (default 25)")
     p.add_argument("--first-bucket-mb", type=positive_option("--first-bucket-mb"), default=1.0, help="DDP's first bucket cap (default 1)")
     p.add_argument("--world-size", type=integer_option("--world-size", 1), help="the ranks of the job, when the directory has programs for several")
+    p.add_argument("--symmetric-memory", action="store_true", help="MSCCL++ plans: the job runs with "
+                   "MSCCLPP_NCCL_SYMMETRIC_MEMORY=1, so plans that address peers' buffers (in-switch) serve too")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
     add_calibrate(sub)
@@ -470,7 +472,8 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         source = f"{profile.name}: PyTorch DDP buckets ({args.first_bucket_mb:g} MiB first, then {args.bucket_cap_mb:g} MiB)"
     left = left_windows(args.directory, "allreduce", world)
     if plans:
-        report = plan_coverage([e for _name, e in files], counts, dtype_bytes, world, labels, left=left)
+        report = plan_coverage([e for _name, e in files], counts, dtype_bytes, world, labels, left=left,
+                               symmetric_memory=args.symmetric_memory)
     else:
         report = coverage(files, counts, dtype_bytes, world, labels, left=left)
     if args.json:

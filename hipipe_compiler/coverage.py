@@ -201,19 +201,20 @@ def directory_plans(path: str | Path, collective: str = "allreduce",
 
 def plan_coverage(entries: Sequence[PlanEntry], counts: Sequence[int], dtype_bytes: int, world_size: int,
                   labels: Sequence[str] | None = None, collective: str = "allreduce",
-                  left: Sequence[tuple[int, int]] = ()) -> Coverage:
+                  left: Sequence[tuple[int, int]] = (), symmetric_memory: bool = False) -> Coverage:
     """Coverage of a directory of MSCCL++ plans: each in-place call decided as the selector that
-    `hipipe_compiler.mscclpp.register` installs decides it."""
+    `hipipe_compiler.mscclpp.register` installs decides it, with or without symmetric memory."""
     mine = [e for e in entries if e.collective == collective and e.world_size == world_size]
     node = mine[0].ranks_per_node if mine else 0
     out = []
     for i, count in enumerate(counts):
         nbytes = call_bytes(collective, world_size, count, dtype_bytes)
         reported = nbytes // world_size if collective == "allgather" else nbytes  # what the shim hands the selector
-        entry, why = decide(mine, collective, reported, world_size, node, 0, 0, 0, DTYPE_NAMES.get(dtype_bytes, "float32"))
+        entry, why = decide(mine, collective, reported, world_size, node, 0, 0, 0, DTYPE_NAMES.get(dtype_bytes, "float32"),
+                            symmetric_memory)
         padded = []
         for e in mine:
-            if e.inplace:
+            if e.inplace and (symmetric_memory or not e.symmetric_memory):
                 multiple = math.lcm(e.size_multiple, dtype_bytes * (world_size if collective == "allgather" else 1))
                 size = max(nbytes, e.min_message_size)
                 size += -size % multiple

@@ -4,6 +4,7 @@ execution plans (JSON): the same commands as for MSCCL XML, on the other backend
 from __future__ import annotations
 
 import argparse
+from typing import Any
 from dataclasses import replace
 
 from .compiler import DTYPES, CompileOptions, Stopwatch
@@ -19,11 +20,13 @@ from .msccl.verify.report import Collector
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.verify.structure import check_structure
 from .mscclpp.writer import write_plan
-from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer, size_multiple,
-                            write_plans_directory)
+from .mscclpp.register import SYMMETRIC_MEMORY_ENV
+from .plan_compiler import (base_manifest, compile_plans, fallbacks_against_nccl, node_size_of, plan_summary, plan_timer,
+                            size_multiple, write_plans_directory)
 from .presets import load_topology
 from .sim import SimulationError
 from .units import format_size
+from .windows import window_label
 
 
 def cmd_compile_plans(args: argparse.Namespace) -> int:
@@ -42,7 +45,7 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     lo, hi = args.sizes if directory else (args.size, args.size)
     watch = Stopwatch()
     compiled, failed = verified(topo, None, lambda: compile_plans(topo, options, lo, hi, node_size=node, stopwatch=watch,
-                                                                  in_switch=not args.no_in_switch))
+                                                                  in_switch=not args.no_in_switch, fallbacks=directory))
     if failed:
         return failed
     windows = [cp.window for cp in compiled]
@@ -50,7 +53,8 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
         with watch.phase("nccl"):
             windows = against_nccl(windows, topo, args.coll, args.min_speedup if directory else 0.0,
                                    plan_timer(compiled, topo))
-    compiled = [replace(cp, window=w) for cp, w in zip(compiled, windows)]
+    compiled = [fallbacks_against_nccl(replace(cp, window=w), args.min_speedup if directory else 0.0)
+                for cp, w in zip(compiled, windows)]
     summaries = [plan_summary(cp) for cp in compiled]
     if not directory:
         plan = next((p for p in compiled[0].plans if p.inplace == args.inplace), None)
@@ -72,7 +76,7 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"output": str(out), "backend": "mscclpp", "windows": summaries, "seconds": watch.seconds})
     elif not args.quiet:
-        count = sum(len(cp.plans) for cp in compiled if id(cp.window) in keep)
+        count = sum(len(cp.plans) + len(cp.fallbacks) for cp in compiled if id(cp.window) in keep)
         where = f"{out}/ ({count} plan(s); register them with hipipe_compiler.mscclpp.register)" if directory else str(out)
         print(f"{args.coll} on {topo.label} ({topo.nranks} ranks, {node} per node), {args.algo}, MSCCL++ plans: wrote {where}")
         print(summary_table(summaries))
@@ -80,7 +84,25 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
             labels = ", ".join(w.window.label for w in left(windows))
             print(f"left to NCCL (not {args.min_speedup:g}x as fast as NCCL's own pick there): {labels}; the shim "
                   "falls back to NCCL for those calls")
+        symmetric = [cp for cp in compiled if id(cp.window) in keep and cp.plans[0].needs_symmetric_memory]
+        if directory and symmetric:
+            instead = {how: _ranges([cp.window.window for cp in symmetric if bool(cp.fallbacks) == fb])
+                       for how, fb in (("the GPU-side fallback", True), ("NCCL", False))}
+            print(f"in-switch plans address peers' buffers: they serve jobs run with {SYMMETRIC_MEMORY_ENV}=1 "
+                  "(docs/mscclpp.md); otherwise the shim runs "
+                  + "; ".join(f"{how} for {labels}" for how, labels in instead.items() if labels))
     return 0
+
+
+def _ranges(windows: list[Any]) -> str:
+    """Size windows as few labels as they make, joining those that follow each other."""
+    joined: list[tuple[int, int]] = []
+    for w in sorted(windows, key=lambda w: w.min_bytes):
+        if joined and joined[-1][1] + 1 == w.min_bytes:
+            joined[-1] = (joined[-1][0], w.max_bytes)
+        else:
+            joined.append((w.min_bytes, w.max_bytes))
+    return ", ".join(window_label(lo, hi) for lo, hi in joined)
 
 
 def cmd_verify_plan(args: argparse.Namespace) -> int:

@@ -65,6 +65,9 @@ class CompiledPlans:
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     #: what the search already simulated of the out-of-place plan, by size (nccl-tests bytes)
     times: dict[int, SimResult] = field(default_factory=dict, compare=False)
+    #: where the plans need symmetric memory (in-switch), the GPU-side plans the selector runs
+    #: instead where the job's buffers may sit at different offsets; proven like the plans
+    fallbacks: tuple[ExecutionPlan, ...] = ()
 
 
 def size_multiple(plan: ExecutionPlan) -> int:
@@ -96,9 +99,12 @@ def _modes(program: Program) -> tuple[bool, ...]:
 
 def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
                   planner: Planner | None = None, node_size: int | None = None,
-                  stopwatch: Stopwatch | None = None, in_switch: bool = True) -> list[CompiledPlans]:
+                  stopwatch: Stopwatch | None = None, in_switch: bool = True,
+                  fallbacks: bool = False) -> list[CompiledPlans]:
     """Plans for every size window of [min, max]; VerificationFailed if one does not verify.
-    `in_switch` lets the search's all-reduces give way to plans that reduce in the switch."""
+    `in_switch` lets the search's all-reduces give way to plans that reduce in the switch, and
+    `fallbacks` keeps the GPU-side plan behind each of them, timed at the part's ends, for jobs
+    whose buffers are not symmetric (ExecutionPlan.needs_symmetric_memory)."""
     watch = stopwatch or Stopwatch()
     choices = (options.protocol,) if options.protocol in PLAN_PROTOCOLS else PLAN_PROTOCOLS
     if options.protocol == "LL128":
@@ -124,18 +130,21 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         starts = [start for start, _b, _t in served[index]] + [hi + 1]
         segments = [(start, starts[k + 1] - 1, build, known) for k, (start, build, known) in enumerate(served[index])]
         for seg_lo, seg_hi, build, known in segments:
-            if build is None:
-                plans = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
-                                      min_message_size=seg_lo, max_message_size=seg_hi) for m in _modes(program))
-            else:
-                plans = tuple(replace(build(m), name=_name(topology, options.collective, index, seg_lo, seg_hi, m),
-                                      min_message_size=seg_lo, max_message_size=seg_hi) for m in (False, True))
+            gpu_side = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
+                                     min_message_size=seg_lo, max_message_size=seg_hi) for m in _modes(program))
+            plans = gpu_side if build is None else tuple(
+                replace(build(m), name=_name(topology, options.collective, index, seg_lo, seg_hi, m),
+                        min_message_size=seg_lo, max_message_size=seg_hi) for m in (False, True))
             at = timed_size(plans[0], seg_hi)
             with watch.phase("predict"):
                 timed = result if build is None and at == size else known.get(at) or time_plan(plans[0], topology, at)
-            out.append(replace(_finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi),
-                                       program, plans, timed, at, schedule, best.stand_in and build is None,
-                                       build is not None, watch, proven), times={**known, at: timed}))
+            backup = ()
+            if fallbacks and build is not None and any(p.needs_symmetric_memory for p in plans):
+                backup = tuple(replace(p, name=f"{p.name}-fallback") for p in gpu_side)
+            done = _finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi), program,
+                           plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch, proven,
+                           backup)
+            out.append(replace(done, times={**known, at: timed}, fallbacks=backup))
     return out
 
 
@@ -189,15 +198,16 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
 
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,
             plans: tuple[ExecutionPlan, ...], result: Any, size: int, schedule: Any, stand_in: bool, switched: bool,
-            watch: Stopwatch, proven: dict[tuple[ExecutionPlan, bool], Report]) -> CompiledPlans:
-    """One window's plans proven, and what the summary says of them. `proven` keeps each proof
-    by the plan without its name and sizes, which the proof does not read: a plan that serves
-    several parts of a directory is proven once."""
+            watch: Stopwatch, proven: dict[tuple[ExecutionPlan, bool], Report],
+            fallbacks: tuple[ExecutionPlan, ...] = ()) -> CompiledPlans:
+    """One window's plans (and fallbacks) proven, and what the summary says of them. `proven`
+    keeps each proof by the plan without its name and sizes, which the proof does not read: a
+    plan that serves several parts of a directory is proven once."""
     plan = plans[0]
     report = Report((), ())
     if options.check:
         with watch.phase("verify"):
-            for p in plans:
+            for p in fallbacks + plans:  # the report kept is the plans'
                 key = (replace(p, name="-", min_message_size=0, max_message_size=0), program.inplace)
                 if key not in proven:
                     proven[key] = verify_plan(p, layouts_of(p, aliased=program.inplace))
@@ -219,6 +229,10 @@ def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, win
         details.update(chunks=str(len(units)), chunk_units=list(units), orders=[], fold=[],
                        element_multiple=size_multiple(plan) // 4, channels=len(plan.gpus[0].peers("memory"))
                        + len(plan.gpus[0].peers("port")) + len(plan.gpus[0].switch_groups()))
+        if fallbacks:  # timed at the part's ends, where the handoff times NCCL
+            with watch.phase("predict"):
+                details["fallback_us"] = [time_plan(fallbacks[0], topology, timed_size(fallbacks[0], e)).time_us
+                                          for e in sorted({window.min_bytes, window.max_bytes})]
     elif stand_in:
         details["choice"] = f"{schedule.label} (search's pick does not fit)"
         with watch.phase("predict"):  # what the stand-in costs against the search's own program
@@ -295,10 +309,24 @@ def plan_timer(compiled: Sequence[CompiledPlans], topology: Topology) -> Callabl
     return ours
 
 
+def fallbacks_against_nccl(cp: CompiledPlans, min_speedup: float) -> CompiledPlans:
+    """A part's fallbacks kept only where they beat NCCL's own pick by `min_speedup` at both
+    ends, as the handoff keeps windows (handoff.py): elsewhere NCCL serves the calls that the
+    in-switch plans cannot take. Kept as they are where NCCL was not timed."""
+    details = cp.window.details
+    nccl, mine = details.get("nccl", {}).get("nccl_us"), details.get("fallback_us")
+    if not cp.fallbacks or not nccl or not mine:
+        return cp
+    timed = [(o, n) for o, n in zip(mine, nccl) if n is not None]
+    if timed and min(n / o for o, n in timed) < min_speedup:
+        return replace(cp, fallbacks=())
+    return cp
+
+
 def plan_summary(cp: CompiledPlans) -> dict[str, Any]:
     return {**window_summary(cp.window), "backend": "mscclpp", "threadblocks": cp.plans[0].max_threadblocks,
-            "longest_threadblock": cp.plans[0].max_ops,
-            "files": [plan_file_name(p) for p in cp.plans]}
+            "longest_threadblock": cp.plans[0].max_ops, "symmetric_memory": cp.plans[0].needs_symmetric_memory,
+            "files": [plan_file_name(p) for p in cp.plans], "fallback_files": [plan_file_name(p) for p in cp.fallbacks]}
 
 
 def plan_file_name(plan: ExecutionPlan) -> str:
@@ -310,7 +338,8 @@ def manifest_entry(plan: ExecutionPlan, node_size: int) -> dict[str, Any]:
     return {"file": plan_file_name(plan), "name": plan.name, "collective": plan.collective, "world_size": plan.ngpus,
             "ranks_per_node": node_size, "inplace": plan.inplace, "min_message_size": plan.min_message_size,
             "max_message_size": plan.max_message_size, "protocol": plan.protocol, "size_multiple": size_multiple(plan),
-            "in_switch": any(g.switch_groups() for g in plan.gpus),
+            "in_switch": any(g.switch_groups() for g in plan.gpus), "symmetric_memory": plan.needs_symmetric_memory,
+            "fallback": plan.name.endswith("-fallback"),
             "scratch_bytes_at_max": scratch_bytes(plan, timed_size(plan, plan.max_message_size))}
 
 
@@ -326,8 +355,9 @@ def scratch_bytes(plan: ExecutionPlan, nbytes: int) -> int:
 
 def write_plans_directory(compiled: Sequence[CompiledPlans], path: str | Path, manifest: dict[str, Any],
                           node_size: int) -> list[Path]:
-    """Write one JSON per plan and .hipipe/manifest.json; all text is made before the first write."""
-    plans = [p for cp in compiled for p in cp.plans]
+    """Write one JSON per plan and .hipipe/manifest.json; all text is made before the first write.
+    Fallbacks are listed after every plan, since the selector takes the first that can serve a call."""
+    plans = [p for cp in compiled for p in cp.plans] + [p for cp in compiled for p in cp.fallbacks]
     texts = [(plan_file_name(p), write_plan(p)) for p in plans]
     manifest = {**manifest, "backend": "mscclpp", "mscclpp_commit": MSCCLPP_COMMIT,
                 "plans": [manifest_entry(p, node_size) for p in plans]}

@@ -207,6 +207,15 @@ class ExecutionPlan:
     def max_ops(self) -> int:
         return max((sum(1 for _ in tb.flat_ops()) for g in self.gpus for tb in g.threadblocks), default=0)
 
+    @property
+    def needs_symmetric_memory(self) -> bool:
+        """Whether the plan addresses a peer's input or output (a remote buffer, or a switch
+        channel bound to it). The executor places those at the peer's allocation base plus this
+        rank's own offset in its allocation, so every rank's buffers must sit at the same offset
+        in their allocations (mscclpp.md 2.6); a plan that touches peers' scratch alone needs nothing."""
+        return any(b.type in ("i", "o") for g in self.gpus for b in g.remote_buffers) or any(
+            t in ("i", "o") for g in self.gpus for t, _ranks in g.switch_groups())
+
 
 def packet_operand(name: str, source: bool, k: int) -> bool:
     """Whether operand k of a side of a packet operation holds packets (2C per chunk) rather than data."""

@@ -6,7 +6,11 @@
 The selector installed here matches what the manifest records, and what the shim's own
 selection does not check: the size multiple (a size the plan's chunks do not divide throws
 inside the NCCL call), the buffer mode computed from the pointers as the plan expects it,
-and the dtypes the executor reduces. `mscclpp` is imported only inside `register`.
+the dtypes the executor reduces, and symmetric memory: a plan that addresses peers' input or
+output (the in-switch ones) reads the wrong bytes unless every rank's buffer sits at the same
+offset in its allocation, so it serves only where the job promises that, as the shim's own
+zero-copy algorithms do (MSCCLPP_NCCL_SYMMETRIC_MEMORY). `mscclpp` is imported only inside
+`register`.
 
 >>> entry = PlanEntry("p", "allreduce", 16, 8, False, 1 << 20, 1 << 24, 4096, "a.json")
 >>> choose([entry], "allreduce", 1 << 21, 16, 8, rank=0, input_buffer=0, output_buffer=1 << 30, dtype="float32").name
@@ -18,14 +22,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import InputError
 
 MANIFEST = Path(".hipipe") / "manifest.json"
+#: The shim's switch for its zero-copy algorithms, read as the shim reads it: set and not "0".
+SYMMETRIC_MEMORY_ENV = "MSCCLPP_NCCL_SYMMETRIC_MEMORY"
 LOG = logging.getLogger("hipipe.mscclpp")
 #: Dtypes the executor sums (mscclpp.md 1): i32/u32 run as u32; fp8 compiles to nothing on CUDA.
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32", "int32", "uint32")
@@ -44,6 +51,7 @@ class PlanEntry:
     max_message_size: int
     size_multiple: int
     file: str
+    symmetric_memory: bool = False  # it addresses peers' input or output (ExecutionPlan.needs_symmetric_memory)
 
 
 def load_manifest(directory: str | Path) -> list[PlanEntry]:
@@ -62,7 +70,8 @@ def load_manifest(directory: str | Path) -> list[PlanEntry]:
         try:
             entry = PlanEntry(str(e["name"]), str(e["collective"]), int(e["world_size"]), int(e["ranks_per_node"]),
                               bool(e["inplace"]), int(e["min_message_size"]), int(e["max_message_size"]),
-                              int(e["size_multiple"]), str(e["file"]))
+                              int(e["size_multiple"]), str(e["file"]),
+                              bool(e.get("symmetric_memory", e.get("in_switch", False))))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(str(path), f"plans[{i}]", f"expected the fields hipipe writes ({exc})") from None
         if Path(entry.file).name != entry.file:
@@ -80,16 +89,24 @@ def buffer_inplace(collective: str, rank: int, input_buffer: int, output_buffer:
 
 
 def choose(entries: Sequence[PlanEntry], collective: str, message_size: int, world_size: int, ranks_per_node: int,
-           rank: int, input_buffer: int, output_buffer: int, dtype: str) -> PlanEntry | None:
+           rank: int, input_buffer: int, output_buffer: int, dtype: str, symmetric_memory: bool = False) -> PlanEntry | None:
     """The plan for a call, as the shim reports it (`message_size` per rank for an all-gather,
     the whole input for a reduce-scatter), or None to leave the call to NCCL."""
     return decide(entries, collective, message_size, world_size, ranks_per_node, rank, input_buffer, output_buffer,
-                  dtype)[0]
+                  dtype, symmetric_memory)[0]
+
+
+def symmetric_memory_promised(environ: Mapping[str, str]) -> bool:
+    """Whether the job promises symmetric buffers, as the shim reads its switch."""
+    value = environ.get(SYMMETRIC_MEMORY_ENV)
+    return value is not None and value != "0"
 
 
 def decide(entries: Sequence[PlanEntry], collective: str, message_size: int, world_size: int, ranks_per_node: int,
-           rank: int, input_buffer: int, output_buffer: int, dtype: str) -> tuple[PlanEntry | None, str]:
-    """The plan for a call and why, or None and why the call goes to NCCL."""
+           rank: int, input_buffer: int, output_buffer: int, dtype: str,
+           symmetric_memory: bool = False) -> tuple[PlanEntry | None, str]:
+    """The plan for a call and why, or None and why the call goes to NCCL. The first plan of
+    the manifest's order that can serve it wins: fallbacks come after the plans they stand in for."""
     if dtype not in SUPPORTED_DTYPES:
         return None, f"dtype {dtype}"
     total = message_size * world_size if collective == "allgather" else message_size
@@ -102,6 +119,9 @@ def decide(entries: Sequence[PlanEntry], collective: str, message_size: int, wor
     sized = [e for e in shaped if e.min_message_size <= total <= e.max_message_size]
     if not sized:
         return None, "size outside every window"
+    if not symmetric_memory and all(e.symmetric_memory for e in sized):
+        return None, f"its plan needs symmetric memory ({SYMMETRIC_MEMORY_ENV}=1)"
+    sized = [e for e in sized if symmetric_memory or not e.symmetric_memory]
     for e in sized:
         if total % e.size_multiple == 0:
             return e, "served"
@@ -114,6 +134,7 @@ class Registration:
     and calls left to NCCL per reason (to check which calls hit a plan)."""
 
     names: list[str]
+    symmetric_memory: bool = False
     served: Counter = field(default_factory=Counter)
     left: Counter = field(default_factory=Counter)
 
@@ -123,11 +144,15 @@ def _dtype_name(dtype: Any) -> str:
     return str(getattr(dtype, "name", dtype)).split(".")[-1].lower()
 
 
-def register(directory: str | Path, rank: int) -> Registration:
+def register(directory: str | Path, rank: int, symmetric_memory: bool | None = None) -> Registration:
     """Register every plan of `directory` for this rank with MSCCL++'s AlgorithmCollectionBuilder
-    and install the selector. Call before init_process_group("nccl"). Each decision is also
+    and install the selector. Call before init_process_group("nccl"). `symmetric_memory` is the
+    job's promise that every rank's buffers sit at the same offset in their allocations (by
+    default, MSCCLPP_NCCL_SYMMETRIC_MEMORY as the shim reads it); without it, calls whose plan
+    addresses peers' buffers go to the plan's fallback, or to NCCL. Each decision is also
     logged at DEBUG on the `hipipe.mscclpp` logger."""
     entries = load_manifest(directory)
+    symmetric = symmetric_memory_promised(os.environ) if symmetric_memory is None else symmetric_memory
     for e in entries:
         if not (Path(directory) / e.file).is_file():
             raise InputError(str(Path(directory) / e.file), None, "listed in the manifest but missing")
@@ -139,7 +164,7 @@ def register(directory: str | Path, rank: int) -> Registration:
         plan = mscclpp.ExecutionPlan(str(Path(directory) / e.file), rank)
         constraint = mscclpp.Algorithm.Constraint(world_size=e.world_size, n_ranks_per_node=e.ranks_per_node)
         builder.add_algorithm_builder(mscclpp.Algorithm(id=e.name, execution_plan=plan, constraint=constraint))
-    registration = Registration([e.name for e in entries])
+    registration = Registration([e.name for e in entries], symmetric_memory=symmetric)
     builder.set_algorithm_selector(lambda algorithms, request: select(registration, entries, algorithms, request))
     return registration
 
@@ -148,7 +173,8 @@ def select(registration: Registration, entries: Sequence[PlanEntry], algorithms:
            request: Any) -> Any:
     """The selector MSCCL++ calls for every collective: a registered algorithm, or None for NCCL."""
     entry, why = decide(entries, request.collective, request.message_size, request.world_size, request.n_ranks_per_node,
-                        request.rank, int(request.input_buffer), int(request.output_buffer), _dtype_name(request.dtype))
+                        request.rank, int(request.input_buffer), int(request.output_buffer), _dtype_name(request.dtype),
+                        registration.symmetric_memory)
     algorithm = None if entry is None else algorithms.get(request.collective, {}).get(entry.name)
     if algorithm is None:
         why = why if entry is None else f"{entry.name} is not registered"

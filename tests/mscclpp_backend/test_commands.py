@@ -113,3 +113,41 @@ def test_no_in_switch_compiles_gpu_side_plans_only(tmp_path):
     assert done.returncode == 0, done.stderr
     entries = json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]
     assert entries and not any(e["in_switch"] for e in entries)
+
+
+def test_in_switch_parts_keep_a_gpu_side_fallback_for_jobs_without_symmetric_memory(tmp_path):
+    """On four H100 nodes the pipelines serve large all-reduces and address peers' buffers; each
+    part keeps the window's GPU-side plan behind it (listed after every plan, same sizes,
+    proven), which the selector and `hipipe coverage` run unless the job promises symmetric memory."""
+    out = tmp_path / "plans"
+    done = run_hipipe("compile", "dgx-h100-8x4", "--backend", "mscclpp", "--sizes", "256MiB:512MiB", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert "MSCCLPP_NCCL_SYMMETRIC_MEMORY=1" in done.stdout and "fallback" in done.stdout
+    entries = json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]
+    switched = [e for e in entries if e["in_switch"]]
+    fallbacks = [e for e in entries if e["fallback"]]
+    assert switched and all(e["symmetric_memory"] for e in switched)
+    assert entries[-len(fallbacks):] == fallbacks  # after every plan: the selector takes the first that serves
+    assert sorted((e["min_message_size"], e["max_message_size"], e["inplace"]) for e in fallbacks) == sorted(
+        (e["min_message_size"], e["max_message_size"], e["inplace"]) for e in switched)
+    for e in fallbacks:
+        plan = read_plan(out / e["file"])
+        assert not plan.needs_symmetric_memory and not e["symmetric_memory"]
+        assert verify_plan(plan).ok
+    counts = tmp_path / "counts.txt"
+    counts.write_text(f"{(300 << 20) // 4}\n")
+    for flag, served in (((), fallbacks), (("--symmetric-memory",), switched)):
+        report = run_hipipe("coverage", out, "--counts", counts, *flag, "--json")
+        assert report.returncode == 0, report.stderr
+        [call] = json.loads(report.stdout)["detail"]
+        assert call["file"] in {e["file"] for e in served if e["inplace"]}
+
+
+def test_one_node_leaves_in_switch_sizes_to_nccl_without_symmetric_memory(tmp_path):
+    """On one node NCCL's own NVLS beats the GPU-side plan, so no fallback is kept there."""
+    out = tmp_path / "plans"
+    done = run_hipipe("compile", "dgx-h100-8x1", "--backend", "mscclpp", "--sizes", "64MiB:256MiB", "-o", out)
+    assert done.returncode == 0, done.stderr
+    entries = json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]
+    assert entries and all(e["in_switch"] and not e["fallback"] for e in entries)
+    assert "the shim runs NCCL for 64MiB..256MiB" in done.stdout

@@ -331,3 +331,21 @@ def test_in_switch_plans_take_no_less_time_per_byte_as_the_message_grows_so_prun
             assert times[(own if got is None else got, s)] == best
 
 
+
+
+def test_in_switch_plans_need_symmetric_memory_and_translated_ones_do_not():
+    """Switch channels bound to the input or output address every member at this rank's own
+    offset in its allocation; translated plans put into peers' scratch only."""
+    from hipipe_compiler.lower import lower
+    from hipipe_compiler.mscclpp.plan import RemoteBuffer
+    from hipipe_compiler.mscclpp.translate import translate
+    from hipipe_compiler.schedule import hierarchical_plan
+    topo = preset("dgx-h100-8x2")
+    assert nvls_allreduce_plan(node(), "p", False, 2).needs_symmetric_memory
+    assert nvls_pipeline_plan(topo, "p", True, 4).needs_symmetric_memory
+    translated = translate(lower(hierarchical_plan(topo, max_bytes=1 << 20)), topo, "t")
+    assert not translated.needs_symmetric_memory
+    g = translated.gpus[0]
+    onto_output = replace(translated, gpus=(replace(g, remote_buffers=g.remote_buffers + (RemoteBuffer(1, "o", ("memory",)),)),
+                                            *translated.gpus[1:]))
+    assert onto_output.needs_symmetric_memory

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from hipipe_compiler.errors import InputError
-from hipipe_compiler.mscclpp.register import PlanEntry, Registration, choose, load_manifest, register, select
+from hipipe_compiler.mscclpp.register import (PlanEntry, Registration, choose, decide, load_manifest, register, select,
+                                              symmetric_memory_promised)
 
 from conftest import run_hipipe
 
@@ -76,6 +77,35 @@ def test_the_selector_counts_what_it_serves_and_what_it_leaves(directory):
     assert select(registration, entries, algorithms, Request(per_rank, "float64")) is None
     assert registration.served == {served.name: 1}
     assert sorted(registration.left) == ["dtype float64", f"size not a multiple of {served.size_multiple} bytes"]
+
+
+def test_plans_on_peers_buffers_serve_only_with_symmetric_memory():
+    """An in-switch plan reads peers' buffers at this rank's offset in its allocation: without
+    the job's promise, the call goes to the fallback listed after it, or to NCCL."""
+    switched = PlanEntry("switch", "allreduce", 16, 8, False, 1 << 26, 1 << 28, 4096, "s.json", symmetric_memory=True)
+    gpu = PlanEntry("gpu", "allreduce", 16, 8, False, 1 << 26, 1 << 28, 4096, "g.json")
+    call = ("allreduce", 1 << 27, 16, 8, 0, 1 << 20, 1 << 40, "float32")
+    assert decide([switched, gpu], *call, symmetric_memory=True)[0] is switched
+    assert decide([switched, gpu], *call, symmetric_memory=False)[0] is gpu
+    entry, why = decide([switched], *call)
+    assert entry is None and "MSCCLPP_NCCL_SYMMETRIC_MEMORY=1" in why
+    assert decide([gpu], *call)[0] is gpu  # a plan on peers' scratch alone needs no promise
+
+
+@pytest.mark.parametrize("environ, promised", [({}, False), ({"MSCCLPP_NCCL_SYMMETRIC_MEMORY": "0"}, False),
+                                               ({"MSCCLPP_NCCL_SYMMETRIC_MEMORY": "1"}, True),
+                                               ({"MSCCLPP_NCCL_SYMMETRIC_MEMORY": "true"}, True)])
+def test_the_promise_is_read_as_the_shim_reads_it(environ, promised):
+    assert symmetric_memory_promised(environ) is promised
+
+
+def test_an_older_manifest_marks_its_in_switch_plans_as_needing_symmetric_memory(tmp_path):
+    (tmp_path / ".hipipe").mkdir()
+    plans = [{"name": n, "collective": "allreduce", "world_size": 8, "ranks_per_node": 8, "inplace": False,
+              "min_message_size": 0, "max_message_size": 1, "size_multiple": 16, "file": f"{n}.json", "in_switch": s}
+             for n, s in (("a", True), ("b", False))]
+    (tmp_path / ".hipipe" / "manifest.json").write_text(json.dumps({"backend": "mscclpp", "plans": plans}))
+    assert [e.symmetric_memory for e in load_manifest(tmp_path)] == [True, False]
 
 
 def test_registering_needs_mscclpp(directory):

@@ -84,6 +84,10 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
             labels = ", ".join(w.window.label for w in left(windows))
             print(f"left to NCCL (not {args.min_speedup:g}x as fast as NCCL's own pick there): {labels}; the shim "
                   "falls back to NCCL for those calls")
+        served_to = max(cp.window.window.max_bytes for cp in compiled)
+        if directory and served_to < hi:
+            print(f"above {format_size(served_to)} the shim runs NCCL: the plans' offsets would wrap the executor's "
+                  "uint32 there (their buffers or scratch pass 4 GiB; mscclpp.md 6)")
         symmetric = [cp for cp in compiled if id(cp.window) in keep and cp.plans[0].needs_symmetric_memory]
         if directory and symmetric:
             instead = {how: _ranges([cp.window.window for cp in symmetric if bool(cp.fallbacks) == fb])

@@ -27,7 +27,7 @@ from .msccl.program import Program
 from .msccl.verify import Report
 from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
 from .mscclpp.nvls_pipeline import describe, nvls_pipeline_plan, pipeline_shape, staggered
-from .mscclpp.plan import ExecutionPlan
+from .mscclpp.plan import ExecutionPlan, largest_message_size
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan
@@ -122,6 +122,7 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         if all(build is None for _s, build, _k in served[index]):
             break
     out = []
+    ceiling = None  # where a part was left out: the largest size its plan's offsets allow
     proven: dict[tuple[ExecutionPlan, bool], Report] = {}
     for index, (cw, best) in enumerate(zip(windows, bests)):
         lo, hi = cw.window.min_bytes, cw.window.max_bytes
@@ -131,20 +132,30 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         segments = [(start, starts[k + 1] - 1, build, known) for k, (start, build, known) in enumerate(served[index])]
         for seg_lo, seg_hi, build, known in segments:
             gpu_side = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
-                                     min_message_size=seg_lo, max_message_size=seg_hi) for m in _modes(program))
+                                     min_message_size=seg_lo) for m in _modes(program))
             plans = gpu_side if build is None else tuple(
                 replace(build(m), name=_name(topology, options.collective, index, seg_lo, seg_hi, m),
-                        min_message_size=seg_lo, max_message_size=seg_hi) for m in (False, True))
-            at = timed_size(plans[0], seg_hi)
+                        min_message_size=seg_lo) for m in (False, True))
+            # above the size where a plan's offsets wrap, the part is left to NCCL
+            top = min(seg_hi, *(largest_message_size(p) for p in plans))
+            if top < seg_lo:
+                ceiling = top
+                continue
+            plans = tuple(replace(p, max_message_size=top) for p in plans)
+            at = timed_size(plans[0], top)
             with watch.phase("predict"):
                 timed = result if build is None and at == size else known.get(at) or time_plan(plans[0], topology, at)
-            backup = ()
-            if fallbacks and build is not None and any(p.needs_symmetric_memory for p in plans):
-                backup = tuple(replace(p, name=f"{p.name}-fallback") for p in gpu_side)
-            done = _finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=seg_hi), program,
+            backup = ()  # a fallback must take every size of the part, or NCCL takes them all
+            if (fallbacks and build is not None and any(p.needs_symmetric_memory for p in plans)
+                    and all(largest_message_size(p) >= top for p in gpu_side)):
+                backup = tuple(replace(p, name=f"{p.name}-fallback", max_message_size=top) for p in gpu_side)
+            done = _finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=top), program,
                            plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch, proven,
                            backup)
             out.append(replace(done, times={**known, at: timed}, fallbacks=backup))
+    if not out:
+        raise PlanError(f"the plan serves at most {format_size(ceiling or 0)} ({ceiling} bytes): above it the MSCCL++ "
+                        "executor's uint32 offsets wrap, as its buffers or scratch pass 4 GiB (mscclpp.md 6)")
     return out
 
 
@@ -255,12 +266,13 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     of that out-of-place plan simulated on the way), as `fastest_segments` decides between
     `translated` and every in-switch plan. `seen` keeps the in-switch plans' times from one
     window to the next."""
+    hi = min(hi, largest_message_size(translated))  # above, the part is left to NCCL (compile_plans)
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
-            or options.algorithm != "hipipe"):
+            or options.algorithm != "hipipe" or hi < lo):
         return [(lo, None, {})]
     budget = threadblock_budget(topology, options.limits).max_threadblocks
     candidates = [(build, plan) for build in switch_candidates(topology, translated.name)
-                  if (plan := build(False)).max_threadblocks <= budget]
+                  if (plan := build(False)).max_threadblocks <= budget and largest_message_size(plan) >= hi]
     if not candidates:
         return [(lo, None, {})]
     step = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))

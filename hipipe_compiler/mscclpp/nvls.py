@@ -19,7 +19,7 @@ from __future__ import annotations
 from ..errors import PlanError
 from ..topology import Topology
 from .plan import (MAX_CHANNELS, MAX_CHANNELS_PER_OP, MAX_MESSAGE_SIZE, Channel, ExecutionPlan, GpuPlan, Op, Operand,
-                   TbChannels, Threadblock)
+                   TbChannels, Threadblock, bounded)
 
 
 def switch_domain(topology: Topology) -> int | None:
@@ -61,8 +61,8 @@ def nvls_allreduce_plan(topology: Topology, name: str, inplace: bool, threadbloc
                                             TbChannels("switch", tuple(range(len(buffers)))))))
         channels = tuple(Channel("memory", connected_to=peers) for _ in range(threadblocks)) + switch
         gpus.append(GpuPlan(r, n * threadblocks, n * threadblocks, 0, tuple(tbs), channels))
-    return ExecutionPlan(name, "allreduce", "Simple", inplace, tuple(gpus), min_message_size=min_message_size,
-                         max_message_size=max_message_size)
+    return bounded(ExecutionPlan(name, "allreduce", "Simple", inplace, tuple(gpus), min_message_size=min_message_size,
+                                 max_message_size=max_message_size))
 
 
 def _handshake(peers: int) -> list[Op]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..errors import PlanError
 from ..topology import Topology
 from .plan import (MAX_CHANNELS, MAX_CHANNELS_PER_OP, MAX_MESSAGE_SIZE, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, Channel,
-                   ExecutionPlan, GpuPlan, Op, Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock)
+                   ExecutionPlan, GpuPlan, Op, Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock, bounded)
 
 #: Operations per chunk of each stage, and the fixed ones of its threadblock (handshakes).
 _PER_CHUNK = {"reduce": 3, "network": 11, "store": 3}
@@ -117,8 +117,8 @@ def nvls_pipeline_plan(topology: Topology, name: str, inplace: bool, chunks: int
         raise PlanError(f"{chunks} pipeline chunks in {lanes} lanes: more than {MAX_SEMAPHORES_PER_OP} store "
                         "threadblocks, which every network threadblock must wait for in one operation")
     gpus = tuple(_gpu(topology, shape, stages, rank, inplace) for rank in range(topology.nranks))
-    return ExecutionPlan(name, "allreduce", "Simple", inplace, gpus, min_message_size=min_message_size,
-                         max_message_size=max_message_size)
+    return bounded(ExecutionPlan(name, "allreduce", "Simple", inplace, gpus, min_message_size=min_message_size,
+                                 max_message_size=max_message_size))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ not check.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator
 
 #: The executor's constants (src/core/include/execution_common.hpp at 1f5f065d).
@@ -237,6 +237,28 @@ def message_sizes(collective: str, nbytes: int, ngpus: int) -> tuple[int, int]:
     if collective == "reducescatter":
         return nbytes, nbytes // ngpus
     return nbytes, nbytes
+
+
+def largest_message_size(plan: ExecutionPlan) -> int:
+    """The largest call (nccl-tests bytes) whose device offsets all fit the executor's uint32
+    (mscclpp.md 6): the end of the input, of the output, and of the whole scratch, which holds
+    packets at 2C per chunk and whose half, on a double buffer, is itself an offset. Above it
+    the offsets wrap, and the kernel reads and writes the wrong bytes."""
+    if not plan.gpus:
+        return MAX_MESSAGE_SIZE
+    scratch = (2 if plan.packets else 1) * (2 if plan.use_double_scratch_buffer else 1)
+    units = max(max(g.input_chunks, g.output_chunks, g.scratch_chunks * scratch) for g in plan.gpus)
+    align = max(plan.buffer_alignment, 1)
+    chunk = MAX_DEVICE_OFFSET // max(units, 1) // align * align
+    per_rank = chunk * plan.gpus[0].input_chunks
+    return per_rank * plan.ngpus if plan.collective == "allgather" else per_rank
+
+
+def bounded(plan: ExecutionPlan) -> ExecutionPlan:
+    """A plan built with no largest size, declared to serve every size its offsets allow."""
+    if plan.max_message_size != MAX_MESSAGE_SIZE:
+        return plan
+    return replace(plan, max_message_size=largest_message_size(plan))
 
 
 def chunk_bytes(plan: ExecutionPlan, nbytes: int) -> int:

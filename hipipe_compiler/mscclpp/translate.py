@@ -37,7 +37,7 @@ from ..msccl.program import Program, Step, buffer_chunks
 from ..topology import Topology
 from .memory import LAYOUTS, aliased_layout, overlaps, where
 from .plan import (MAX_MESSAGE_SIZE, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, Channel, ExecutionPlan, GpuPlan, Op,
-                   Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock)
+                   Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock, bounded)
 
 IN_NODE_LINKS = ("nvlink", "pcie")
 Conn = tuple[int, int, int]  # (channel, sender, receiver) of the MSCCL program
@@ -175,8 +175,9 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
         gpus.append(GpuPlan(gpu.id, logical["i"], logical["o"], scratch, tuple(tbs), channels, tuple(state.buffers),
                             (0,) * state.semaphores))
     max_bytes = program.max_bytes or MAX_MESSAGE_SIZE
-    return ExecutionPlan(name, program.collective, "LL" if packets else "Simple", inplace, tuple(gpus),
-                         min_message_size=program.min_bytes, max_message_size=max_bytes, use_double_scratch_buffer=double)
+    return bounded(ExecutionPlan(name, program.collective, "LL" if packets else "Simple", inplace, tuple(gpus),
+                                 min_message_size=program.min_bytes, max_message_size=max_bytes,
+                                 use_double_scratch_buffer=double))
 
 
 def _connections(program: Program) -> set[Conn]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op, Operand
+from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op, Operand, largest_message_size
 
 Mutation = Callable[[ExecutionPlan], ExecutionPlan | None]
 
@@ -115,6 +115,12 @@ def _single_scratch(plan: ExecutionPlan) -> ExecutionPlan | None:
 
 
 #: name -> (mutation, rules of which at least one must be reported)
+def _past_offsets(plan: ExecutionPlan) -> ExecutionPlan:
+    """A plan declared for one size more than its uint32 offsets allow."""
+    step = plan.buffer_alignment * plan.gpus[0].input_chunks * (plan.ngpus if plan.collective == "allgather" else 1)
+    return replace(plan, max_message_size=largest_message_size(plan) + step)
+
+
 MUTATIONS: dict[str, tuple[Mutation, set[str]]] = {
     "nop before a signal dropped": (
         # a put's stores are published by the signal after the nop (a nop before a closing
@@ -150,6 +156,7 @@ MUTATIONS: dict[str, tuple[Mutation, set[str]]] = {
     "a port put from the input": (_port_from_input, {"port-source"}),
     "a packet slot written twice": (_packet_twice, {"packet-rewrite", "semantics"}),
     "eleven operands": (_many_operands, {"operand-limit"}),
+    "a size past the uint32 offsets": (_past_offsets, {"offset-limit"}),
     "a channel without its pair": (_unpaired_channel, {"channel-pairing", "deadlock"}),
     "the double scratch buffer of an LL plan turned off": (_single_scratch, {"slot-reuse"}),
     "the packing before a port packet put dropped": (

@@ -151,3 +151,22 @@ def test_one_node_leaves_in_switch_sizes_to_nccl_without_symmetric_memory(tmp_pa
     entries = json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]
     assert entries and all(e["in_switch"] and not e["fallback"] for e in entries)
     assert "the shim runs NCCL for 64MiB..256MiB" in done.stdout
+
+
+def test_sizes_past_the_executors_uint32_offsets_are_refused_or_left_to_nccl(tmp_path):
+    """A 4 GiB all-reduce plan would need 8 GiB of scratch offsets: one size is refused naming
+    the limit, and a directory stops where its plans' offsets stop."""
+    out = tmp_path / "big.json"
+    done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--algo", "hierarchical", "--size", "4GiB",
+                      "-o", out)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "uint32" in done.stderr, done.stderr
+    assert not out.exists()
+    plans = tmp_path / "plans"
+    done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--algo", "hierarchical", "--sizes", "1GiB:4GiB",
+                      "-o", plans)
+    assert done.returncode == 0, done.stderr
+    assert "the shim runs NCCL" in done.stdout and "uint32" in done.stdout
+    entries = json.loads((plans / ".hipipe" / "manifest.json").read_text())["plans"]
+    assert entries and max(e["max_message_size"] for e in entries) < 4 << 30
+    for e in entries:
+        assert verify_plan(read_plan(plans / e["file"])).ok

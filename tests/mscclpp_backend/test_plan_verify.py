@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import PlanError
+from hipipe_compiler.plan_compiler import scratch_bytes, size_multiple
 from hipipe_compiler.plan_fitting import fit
-from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op
+from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op, largest_message_size, message_sizes
 from hipipe_compiler.mscclpp.reader import read_plan_text
 from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
 from hipipe_compiler.mscclpp.verify.execution import clock_type
@@ -83,6 +84,21 @@ def test_random_topologies_every_plan_verifies(plan, protocol, data):
     inplace = replace(ep, inplace=True)
     if program.inplace and ep.collective != "reducescatter":
         assert verify_plan(inplace).ok
+
+
+@pytest.mark.parametrize("subject", SUBJECTS, ids="-".join)
+def test_the_largest_size_is_where_the_first_offset_would_wrap(subject):
+    """At the largest size, the input, the output and the whole scratch end within uint32; one
+    size more (the plan's size multiple), one of them passes it."""
+    plan = emitted(*subject)
+    largest = largest_message_size(plan)
+    step = size_multiple(plan)
+    assert largest % step == 0 and verify_plan(replace(plan, max_message_size=largest)).ok
+
+    def ends(nbytes: int) -> int:
+        inp, out = message_sizes(plan.collective, nbytes, plan.ngpus)
+        return max(inp, out, scratch_bytes(plan, nbytes))
+    assert ends(largest) <= (1 << 32) - 1 < ends(largest + step)
 
 
 def test_a_ring_across_nodes_verifies():

@@ -10,7 +10,7 @@ from ...msccl.verify.report import Collector
 from ..plan import (BUFFER_TYPES, CHANNEL_OPS, CHANNEL_TYPES, COLLECTIVES, DATA_OPS, MAX_BARRIERS, MAX_CHANNELS,
                     MAX_CHANNELS_PER_OP, MAX_OPERANDS, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, MAX_THREADS, OPERATIONS,
                     PACKET_OPS, SEMAPHORE_OPS, SWITCH_OPS, ExecutionPlan, GpuPlan, Op, Operand, Threadblock,
-                    packet_operand)
+                    largest_message_size, packet_operand)
 
 #: Operations whose first destination is local and later ones may be peers.
 LOCAL_FIRST_DST = frozenset({"re", "res", "rre", "rres", "repkt", "respkt", "recpkt", "recspkt", "copy", "upkt", "cpkt", "get"})
@@ -31,6 +31,9 @@ def check_structure(plan: ExecutionPlan, out: Collector) -> bool:
         out.add("plan-field", f"buffer_alignment: expected a positive multiple of 16, got {plan.buffer_alignment}")
     if plan.min_message_size > plan.max_message_size:
         out.add("plan-field", f"min_message_size {plan.min_message_size} exceeds max_message_size {plan.max_message_size}")
+    if plan.max_message_size > (largest := largest_message_size(plan)):
+        out.add("offset-limit", f"max_message_size {plan.max_message_size}: above {largest} bytes the executor's uint32 "
+                "offsets wrap (the buffers' ends or the scratch pass 4 GiB; mscclpp.md 6)")
     if plan.use_double_scratch_buffer and any(
             o.buffer_id is not None and op.name not in PACKET_OPS for g in plan.gpus for tb in g.threadblocks
             for op in tb.flat_ops() for o in (*op.src, *op.dst)):

@@ -11,10 +11,12 @@ plan that is fastest at both of its ends, found by halving the pieces whose ends
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
-#: Times a plan (None for the window's own, else a candidate's index) at a size, in µs.
+#: Times a plan (None for the window's own, else a candidate's index) at a size, in µs; inf
+#: where the plan cannot take that size.
 Timer = Callable[["int | None", int], float]
 #: How often a piece whose ends disagree is halved: a power-of-two piece is resolved to an
 #: eighth of itself.
@@ -104,5 +106,5 @@ class Timings:
         return best
 
     def _bound(self, i: int, size: int) -> float:
-        larger = [s for (c, s) in self.seen if c == i and s > size]
+        larger = [s for (c, s), t in self.seen.items() if c == i and s > size and t != math.inf]
         return self.seen[(i, min(larger))] * size / min(larger) if larger else 0.0

@@ -4,8 +4,8 @@ execution plans (JSON): the same commands as for MSCCL XML, on the other backend
 from __future__ import annotations
 
 import argparse
-from typing import Any
 from dataclasses import replace
+from typing import Sequence
 
 from .compiler import DTYPES, CompileOptions, Stopwatch
 from .console import print_json, report_violations, summary_table, verified
@@ -26,7 +26,7 @@ from .plan_compiler import (base_manifest, compile_plans, fallbacks_against_nccl
 from .presets import load_topology
 from .sim import SimulationError
 from .units import format_size
-from .windows import window_label
+from .windows import Window, window_label
 
 
 def cmd_compile_plans(args: argparse.Namespace) -> int:
@@ -98,7 +98,7 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ranges(windows: list[Any]) -> str:
+def _ranges(windows: Sequence[Window]) -> str:
     """Size windows as few labels as they make, joining those that follow each other."""
     joined: list[tuple[int, int]] = []
     for w in sorted(windows, key=lambda w: w.min_bytes):

@@ -47,7 +47,7 @@ SWITCH_THREADBLOCKS = 16
 #: (pipeline chunks per GPU, lanes) an in-switch pipeline tries per window: one lane of switch
 #: operations, or two or four staggered ones, whose latencies then hide behind each other's bytes.
 PIPELINE_SHAPES = ((4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 2), (32, 2), (64, 2), (128, 2), (32, 4), (64, 4),
-                   (128, 4))
+                   (128, 4), (64, 8), (128, 8))
 #: Chunks times ranks above which a pipeline is not tried: the simulator's time grows with both
 #: and with how much the chunks overlap, to minutes per size at 1 GiB beyond this.
 MAX_CHUNK_RANKS = 4096
@@ -266,14 +266,16 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     of that out-of-place plan simulated on the way), as `fastest_segments` decides between
     `translated` and every in-switch plan. `seen` keeps the in-switch plans' times from one
     window to the next."""
-    hi = min(hi, largest_message_size(translated))  # above, the part is left to NCCL (compile_plans)
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
-            or options.algorithm != "hipipe" or hi < lo):
+            or options.algorithm != "hipipe"):
         return [(lo, None, {})]
     budget = threadblock_budget(topology, options.limits).max_threadblocks
     candidates = [(build, plan) for build in switch_candidates(topology, translated.name)
-                  if (plan := build(False)).max_threadblocks <= budget and largest_message_size(plan) >= hi]
-    if not candidates:
+                  if (plan := build(False)).max_threadblocks <= budget]
+    # each plan serves up to where its offsets wrap; above every plan's, the part goes to NCCL
+    reach = {None: largest_message_size(translated), **{i: largest_message_size(p) for i, (_b, p) in enumerate(candidates)}}
+    hi = min(hi, max(reach.values()))
+    if not candidates or hi < lo:
         return [(lo, None, {})]
     step = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
     results: dict[tuple[int | None, int], SimResult] = {}
@@ -281,6 +283,8 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
 
     def time(i: int | None, size: int) -> float:
         plan = translated if i is None else candidates[i][1]
+        if size > reach[i]:
+            return math.inf
         if i not in orbits:
             orbits[i] = symmetric(plan, topology)
         results[(i, size)] = time_plan(plan, topology, size, orbits=orbits[i])

@@ -4,6 +4,8 @@ crossing goes to the fastest plan, and pruning never changes the winner."""
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -95,3 +97,19 @@ def test_times_kept_from_a_window_above_are_not_simulated_again():
     before = len(calls)
     fastest_segments(1 << 26, (1 << 28) - 1, STEP, 2, time, seen=seen)
     assert all(i is None for i, _s in calls[before:])
+
+
+@given(st.integers(65, 250), st.integers(1, 4))
+def test_a_plan_is_never_given_sizes_it_cannot_take(limit, step):
+    """Above `limit` the window's own plan cannot serve (its offsets would wrap): the candidate
+    takes every size there, to the step the sizes are judged at, though the own plan is faster
+    wherever it can serve."""
+    def timer(i, size):
+        if i is None:
+            return 10 + size / 4 if size <= limit else math.inf
+        return 40 + size / 4
+    segments = fastest_segments(64, 255, step, 1, timer)
+    for k, seg in enumerate(segments):
+        end = segments[k + 1].start if k + 1 < len(segments) else 256
+        if seg.choice is None:  # sizes are judged at multiples of the step
+            assert end - 1 < limit + step, segments

@@ -45,7 +45,8 @@ PLAN_PROTOCOLS = ("Simple", "LL")
 #: Threadblocks of an in-switch plan: as many as NCCL's NVLS runs channels on an H100 node.
 SWITCH_THREADBLOCKS = 16
 #: (pipeline chunks per GPU, lanes) an in-switch pipeline tries per window: one lane of switch
-#: operations, or two or four staggered ones, whose latencies then hide behind each other's bytes.
+#: operations, or two, four or eight staggered ones, whose latencies then hide behind each
+#: other's bytes.
 PIPELINE_SHAPES = ((4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 2), (32, 2), (64, 2), (128, 2), (32, 4), (64, 4),
                    (128, 4), (64, 8), (128, 8))
 #: Chunks times ranks above which a pipeline is not tried: the simulator's time grows with both

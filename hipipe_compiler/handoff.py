@@ -13,13 +13,16 @@ directory holds no file, so the runtime runs NCCL for those calls.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .compiler import CompiledWindow
 from .errors import PlanError
 from .nccl.timing import NcclTimer, nccl_machine
 from .sim import simulate_exact
 from .topology import Topology
+
+if TYPE_CHECKING:  # the MSCCL++ compiler is needed only by its own command
+    from .plan_compiler import CompiledPlans
 
 #: The default margin (`--min-speedup`): a window keeps our program only where it is at least
 #: this much faster than NCCL at both ends, so the model's error cannot make a job slower.
@@ -49,14 +52,27 @@ def against_nccl(windows: Sequence[CompiledWindow], topology: Topology, collecti
                 run = None
             nccl.append(None if run is None else run.time_us)
             runs.append(None if run is None else run.label)
-        timed = [(o, n) for o, n in zip(mine, nccl) if n is not None]
-        speedup = min((n / o for o, n in timed), default=None)
+        speedup = speedup_over_nccl(mine, nccl)
         left = speedup is not None and speedup < min_speedup
         details = {**cw.details, "left_to_nccl": left, "nccl": {
             "at_bytes": ends, "hipipe_us": mine, "nccl_us": nccl, "nccl_runs": runs,
             "speedup": speedup, "min_speedup": min_speedup}}
         out.append(replace(cw, details=details))
     return out
+
+
+def speedup_over_nccl(ours: Sequence[float], nccl: Sequence[float | None]) -> float | None:
+    """Ours against NCCL at the sizes where NCCL was timed: the worst ratio, None where none was."""
+    return min((n / o for o, n in zip(ours, nccl) if n is not None), default=None)
+
+
+def fallbacks_against_nccl(cp: CompiledPlans, min_speedup: float) -> CompiledPlans:
+    """A part's fallbacks (plan_compiler.py) kept only where they beat NCCL's own pick by
+    `min_speedup` at both ends, as windows are kept: elsewhere NCCL serves the calls that the
+    in-switch plans cannot take. Kept as they are where NCCL was not timed."""
+    details = cp.window.details
+    speedup = speedup_over_nccl(details.get("fallback_us") or (), details.get("nccl", {}).get("nccl_us") or ())
+    return replace(cp, fallbacks=()) if speedup is not None and speedup < min_speedup else cp
 
 
 def kept(windows: Sequence[CompiledWindow]) -> list[CompiledWindow]:

@@ -11,7 +11,7 @@ from .compiler import DTYPES, CompileOptions, Stopwatch
 from .console import print_json, report_violations, summary_table, verified
 from .errors import InputError
 from .files import check_output_path, write_atomic, writing
-from .handoff import against_nccl, kept, left
+from .handoff import against_nccl, fallbacks_against_nccl, kept, left
 from .msccl.runtime import Limits
 from .optimizer.workers import default_jobs
 from .mscclpp.reader import read_plan
@@ -21,8 +21,8 @@ from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.verify.structure import check_structure
 from .mscclpp.writer import write_plan
 from .mscclpp.register import SYMMETRIC_MEMORY_ENV
-from .plan_compiler import (base_manifest, compile_plans, fallbacks_against_nccl, node_size_of, plan_summary, plan_timer,
-                            size_multiple, write_plans_directory)
+from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer, size_multiple,
+                            write_plans_directory)
 from .presets import load_topology
 from .sim import SimulationError
 from .units import format_size

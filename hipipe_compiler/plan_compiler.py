@@ -90,6 +90,11 @@ def _name(topology: Topology, collective: str, index: int, lo: int, hi: int, inp
             f"{'inplace' if inplace else 'outofplace'}")
 
 
+def _part(plan: ExecutionPlan, name: str, inplace: bool, lo: int, hi: int) -> ExecutionPlan:
+    """A plan as it serves one part of a directory, in one buffer mode."""
+    return replace(plan, name=name, inplace=inplace, min_message_size=lo, max_message_size=hi)
+
+
 def _modes(program: Program) -> tuple[bool, ...]:
     """The buffer modes to emit: the shim tells in-place from out-of-place calls for all-reduce
     and all-gather; an in-place reduce-scatter from NCCL reaches the out-of-place plan."""
@@ -132,24 +137,21 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         starts = [start for start, _b, _t in served[index]] + [hi + 1]
         segments = [(start, starts[k + 1] - 1, build, known) for k, (start, build, known) in enumerate(served[index])]
         for seg_lo, seg_hi, build, known in segments:
-            gpu_side = tuple(replace(plan, name=_name(topology, options.collective, index, seg_lo, seg_hi, m), inplace=m,
-                                     min_message_size=seg_lo) for m in _modes(program))
-            plans = gpu_side if build is None else tuple(
-                replace(build(m), name=_name(topology, options.collective, index, seg_lo, seg_hi, m),
-                        min_message_size=seg_lo) for m in (False, True))
+            built = [(m, plan) for m in _modes(program)] if build is None else [(m, build(m)) for m in (False, True)]
             # above the size where a plan's offsets wrap, the part is left to NCCL
-            top = min(seg_hi, *(largest_message_size(p) for p in plans))
+            top = min(seg_hi, *(largest_message_size(p) for _m, p in built))
             if top < seg_lo:
                 ceiling = top
                 continue
-            plans = tuple(replace(p, max_message_size=top) for p in plans)
+            names = {m: _name(topology, options.collective, index, seg_lo, top, m) for m, _p in built}
+            plans = tuple(_part(p, names[m], m, seg_lo, top) for m, p in built)
             at = timed_size(plans[0], top)
             with watch.phase("predict"):
                 timed = result if build is None and at == size else known.get(at) or time_plan(plans[0], topology, at)
             backup = ()  # a fallback must take every size of the part, or NCCL takes them all
             if (fallbacks and build is not None and any(p.needs_symmetric_memory for p in plans)
-                    and all(largest_message_size(p) >= top for p in gpu_side)):
-                backup = tuple(replace(p, name=f"{p.name}-fallback", max_message_size=top) for p in gpu_side)
+                    and largest_message_size(plan) >= top):
+                backup = tuple(_part(plan, f"{names[m]}-fallback", m, seg_lo, top) for m in _modes(program))
             done = _finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=top), program,
                            plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch, proven,
                            backup)
@@ -324,20 +326,6 @@ def plan_timer(compiled: Sequence[CompiledPlans], topology: Topology) -> Callabl
         at = timed_size(cp.plans[0], nbytes)
         return (cp.times.get(at) or time_plan(cp.plans[0], topology, at)).time_us
     return ours
-
-
-def fallbacks_against_nccl(cp: CompiledPlans, min_speedup: float) -> CompiledPlans:
-    """A part's fallbacks kept only where they beat NCCL's own pick by `min_speedup` at both
-    ends, as the handoff keeps windows (handoff.py): elsewhere NCCL serves the calls that the
-    in-switch plans cannot take. Kept as they are where NCCL was not timed."""
-    details = cp.window.details
-    nccl, mine = details.get("nccl", {}).get("nccl_us"), details.get("fallback_us")
-    if not cp.fallbacks or not nccl or not mine:
-        return cp
-    timed = [(o, n) for o, n in zip(mine, nccl) if n is not None]
-    if timed and min(n / o for o, n in timed) < min_speedup:
-        return replace(cp, fallbacks=())
-    return cp
 
 
 def plan_summary(cp: CompiledPlans) -> dict[str, Any]:

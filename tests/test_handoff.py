@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from hipipe_compiler.compiler import CompileOptions, compile_range
-from hipipe_compiler.handoff import against_nccl, kept, left, nccl_machine
+from hipipe_compiler.handoff import against_nccl, kept, left, nccl_machine, speedup_over_nccl
 from hipipe_compiler.presets import preset
 from hipipe_compiler.coverage import coverage, directory_programs, left_windows
 
@@ -65,3 +65,9 @@ def test_the_command_writes_no_file_for_a_left_window_and_coverage_counts_its_ca
     report = coverage(files, [big], 4, world, left=gone)
     assert report.left_calls == 1 and report.served_calls == 0
     assert "left to NCCL by design" in report.calls_detail[0].why_not
+
+
+def test_the_worst_timed_end_decides_the_speedup():
+    assert speedup_over_nccl([10.0, 20.0], [12.0, 30.0]) == 1.2
+    assert speedup_over_nccl([10.0, 20.0], [None, 30.0]) == 1.5
+    assert speedup_over_nccl([10.0], [None]) is None

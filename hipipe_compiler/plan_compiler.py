@@ -178,16 +178,18 @@ class _Translated:
 def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, ...], index: int, cw: CompiledWindow,
                node_size: int | None, watch: Stopwatch) -> _Translated:
     """The fastest plan translated from the search's schedule for a window, in each protocol the
-    backend has (or from the hierarchical schedule with fewer chunks, where it does not fit)."""
+    backend has (or, where it does not fit, the fastest hierarchical schedule with fewer chunks that does)."""
     lo, hi = cw.window.min_bytes, cw.window.max_bytes
     best, error = None, None
     picks = [replace(cw.plan, protocol=p) for p in sorted(choices, key=lambda p: p != cw.plan.protocol)]
     # where the search's schedule needs more operations or threadblocks than the executor
-    # runs, the hierarchical schedule with fewer chunks stands in
+    # runs, the fastest hierarchical schedule with fewer chunks that fits stands in (the
+    # first to fit can be far slower: on torus-4x4x4, LL with four chunks where Simple's
+    # needs too many threadblocks, at half the speed of Simple with two)
     fallbacks = [hierarchical_plan(topology, options.collective, chunks=k, protocol=p, min_bytes=lo, max_bytes=hi)
                  for k in (4, 2, 1) for p in choices]
     for schedule in (*picks, *fallbacks):
-        if best is not None and schedule in fallbacks:
+        if best is not None and schedule is fallbacks[0]:
             break
         with watch.phase("lower"):
             try:

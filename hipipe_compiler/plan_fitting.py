@@ -38,6 +38,18 @@ def threadblock_budget(topology: Topology, limits: Limits) -> Limits:
     return limits
 
 
+#: No bound: where a limit belongs to MSCCL XML's reader and not to the MSCCL++ executor.
+UNBOUNDED = 1 << 30
+
+
+def executor_limits(limits: Limits) -> Limits:
+    """The lowering's limits for a JSON plan: the threadblock budget and the step budgets stay,
+    but those of the MSCCL XML reader (32 channels, 4,096 XML nodes per rank, int8 dependency
+    ids, int16 chunk offsets) bind nothing in MSCCL++, whose own limits (mscclpp.md 6) the
+    translation and the verifier check: they would only keep fitting schedules out."""
+    return replace(limits, max_channels=UNBOUNDED, max_nodes=UNBOUNDED, max_depid=UNBOUNDED, max_offset=UNBOUNDED)
+
+
 def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits: Limits = Limits(),
         node_size: int | None = None) -> tuple[Program, ExecutionPlan]:
     """(program, execution plan) for `plan`; PlanError naming the limit when none fits.
@@ -45,7 +57,7 @@ def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits
     Steps across nodes cost the most operations (a staging copy and its nop besides the
     put), so the outer axes, where the network is, are cut shorter first, and the inner
     ones only when their own threadblocks overflow."""
-    limits = threadblock_budget(topology, limits)
+    limits = executor_limits(threadblock_budget(topology, limits))
     outer = range(1, len(plan.algorithms)) if not plan.flat else range(0)
     budgets = [s for s in STEP_BUDGETS if s <= limits.max_steps]
     inner_at, outer_at = 0, 0

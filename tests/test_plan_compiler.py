@@ -1,0 +1,30 @@
+"""compile_plans: each window's plan, and what stands in where the search's schedule does not fit."""
+
+from __future__ import annotations
+
+from hipipe_compiler import plan_compiler
+from hipipe_compiler.compiler import CompileOptions
+from hipipe_compiler.errors import PlanError
+from hipipe_compiler.plan_compiler import compile_plans, time_plan, timed_size
+from hipipe_compiler.presets import preset
+from hipipe_compiler.schedule import hierarchical_plan
+
+
+def test_the_fastest_hierarchical_schedule_that_fits_stands_in_not_the_first(monkeypatch):
+    topo, size = preset("torus-4x4"), 1 << 20
+    real = plan_compiler.fit
+
+    def only_hierarchical(schedule, *args, **kwargs):
+        if not schedule.label.startswith("hierarchical"):
+            raise PlanError("the search's schedule needs more threadblocks than the budget")
+        return real(schedule, *args, **kwargs)
+    monkeypatch.setattr(plan_compiler, "fit", only_hierarchical)
+    [cp] = compile_plans(topo, CompileOptions(collective="reducescatter"), size, size)
+    assert "search_xml_us" in cp.details and cp.report.ok
+    times = []
+    for chunks in (4, 2, 1):
+        for protocol in ("Simple", "LL"):
+            _, plan = real(hierarchical_plan(topo, "reducescatter", chunks=chunks, protocol=protocol, min_bytes=size,
+                                             max_bytes=size), topo, "stand-in")
+            times.append(time_plan(plan, topo, timed_size(plan, size)).time_us)
+    assert cp.details["predicted_us"] == min(times) < times[0]

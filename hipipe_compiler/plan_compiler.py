@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, compile_range,
-                       window_summary, write_file_set)
+from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, bucket_caps,
+                       compile_range, window_summary, write_file_set)
 from .crossover import fastest_segments
 from .errors import InputError, PlanError
 from .msccl.program import Program
@@ -32,7 +32,8 @@ from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan
 from .plan_fitting import fit, threadblock_budget
-from .schedule import hierarchical_plan
+from .optimizer import optimize
+from .schedule import Plan, hierarchical_plan
 from .sim import simulate_exact
 from .sim.plans import symmetric, time_plan
 from .sim.simulate import SimResult
@@ -52,6 +53,9 @@ PIPELINE_SHAPES = ((4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 2), (32, 2), 
 #: Chunks times ranks above which a pipeline is not tried: the simulator's time grows with both
 #: and with how much the chunks overlap, to minutes per size at 1 GiB beyond this.
 MAX_CHUNK_RANKS = 4096
+#: Steps per threadblock the search is run again with where its pick does not fit the
+#: executor: a step becomes three to nine operations, and a threadblock runs at most 64.
+REFIT_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -178,38 +182,61 @@ class _Translated:
 def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, ...], index: int, cw: CompiledWindow,
                node_size: int | None, watch: Stopwatch) -> _Translated:
     """The fastest plan translated from the search's schedule for a window, in each protocol the
-    backend has (or, where it does not fit, the fastest hierarchical schedule with fewer chunks that does)."""
+    backend has. Where it does not fit, the fastest of what does: the search run again for
+    shorter threadblocks, and the hierarchical schedule with fewer chunks."""
     lo, hi = cw.window.min_bytes, cw.window.max_bytes
-    best, error = None, None
-    picks = [replace(cw.plan, protocol=p) for p in sorted(choices, key=lambda p: p != cw.plan.protocol)]
-    # where the search's schedule needs more operations or threadblocks than the executor
-    # runs, the fastest hierarchical schedule with fewer chunks that fits stands in (the
-    # first to fit can be far slower: on torus-4x4x4, LL with four chunks where Simple's
-    # needs too many threadblocks, at half the speed of Simple with two)
-    fallbacks = [hierarchical_plan(topology, options.collective, chunks=k, protocol=p, min_bytes=lo, max_bytes=hi)
-                 for k in (4, 2, 1) for p in choices]
-    for schedule in (*picks, *fallbacks):
-        if best is not None and schedule is fallbacks[0]:
-            break
-        with watch.phase("lower"):
-            try:
-                program, plan = fit(schedule, topology, _name(topology, options.collective, index, lo, hi, False),
-                                    False, options.limits, node_size)
-            except PlanError as exc:
-                error = error or exc
+    errors: list[PlanError] = []
+
+    def fitted(schedules: Sequence[Plan]) -> list[tuple[Program, ExecutionPlan, Any, int, Plan]]:
+        out = []
+        for schedule in schedules:
+            with watch.phase("lower"):
+                try:
+                    program, plan = fit(schedule, topology, _name(topology, options.collective, index, lo, hi, False),
+                                        False, options.limits, node_size)
+                except PlanError as exc:
+                    errors.append(exc)
+                    continue
+            size = timed_size(plan, hi)
+            if size < lo:
+                errors.append(PlanError(f"no size of {cw.window.label} is a multiple of {size_multiple(plan)} bytes (the "
+                                        "plan's chunks on 16-byte boundaries), so the executor would refuse every call"))
                 continue
-        size = timed_size(plan, hi)
-        if size < lo:
-            error = error or PlanError(f"no size of {cw.window.label} is a multiple of {size_multiple(plan)} bytes "
-                                       "(the plan's chunks on 16-byte boundaries), so the executor would refuse every call")
-            continue
-        with watch.phase("predict"):
-            result = time_plan(plan, topology, size)
-        if best is None or result.time_us < best[2].time_us:
-            best = (program, plan, result, size, schedule)
-    if best is None:
-        raise error or PlanError(f"window {cw.window.label}: no plan")
-    return _Translated(*best, stand_in=best[4] in fallbacks)
+            with watch.phase("predict"):
+                out.append((program, plan, time_plan(plan, topology, size), size, schedule))
+        return out
+
+    found = fitted([replace(cw.plan, protocol=p) for p in sorted(choices, key=lambda p: p != cw.plan.protocol)])
+    stand_in = not found
+    if stand_in:
+        # the search judges programs replayed over slices, and a plan runs one pass, so its
+        # ranking does not carry over: every schedule it found, and the hierarchical ones
+        # (the first of which to fit can be far slower than another: on torus-4x4x4, LL with
+        # four chunks where Simple's needs too many threadblocks), are timed as plans
+        again: list[Plan] = []
+        if options.algorithm == "hipipe":
+            with watch.phase("plan"):
+                try:
+                    again = _searched_again(topology, options, cw.window, REFIT_STEPS, choices)
+                except PlanError:  # no schedule fits such threadblocks: the lowering's error says why
+                    pass
+        found = fitted([*again, *(hierarchical_plan(topology, options.collective, chunks=k, protocol=p, min_bytes=lo,
+                                                    max_bytes=hi) for k in (4, 2, 1) for p in choices)])
+    if not found:
+        raise errors[0] if errors else PlanError(f"window {cw.window.label}: no plan")
+    return _Translated(*min(found, key=lambda f: f[2].time_us), stand_in=stand_in)
+
+
+def _searched_again(topology: Topology, options: CompileOptions, window: Any, steps: int,
+                    choices: tuple[str, ...]) -> list[Plan]:
+    """The search's pick and runners-up for one window whose threadblocks may hold at most
+    `steps` steps: each in its protocol, or in the backend's where it is LL128."""
+    limits = replace(threadblock_budget(topology, options.limits), max_steps=steps)
+    [choice] = optimize(topology, options.collective, [(window.min_bytes, window.max_bytes)], limits,
+                        dtype_bytes=options.dtype_bytes, max_nchunksperloop=options.max_nchunksperloop,
+                        caps=bucket_caps(topology, options, [window]), jobs=options.jobs)
+    return [replace(plan, protocol=p) for plan in (choice.plan, *choice.alternatives)
+            for p in ((plan.protocol,) if plan.protocol in choices else choices)]
 
 
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hipipe_compiler import plan_compiler
 from hipipe_compiler.compiler import CompileOptions
 from hipipe_compiler.errors import PlanError
+from hipipe_compiler.msccl.runtime import Limits
 from hipipe_compiler.plan_compiler import compile_plans, time_plan, timed_size
+from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
 
@@ -28,3 +32,20 @@ def test_the_fastest_hierarchical_schedule_that_fits_stands_in_not_the_first(mon
                                              max_bytes=size), topo, "stand-in")
             times.append(time_plan(plan, topo, timed_size(plan, size)).time_us)
     assert cp.details["predicted_us"] == min(times) < times[0]
+
+
+def test_where_the_pick_does_not_fit_the_search_runs_again_for_shorter_threadblocks():
+    topo, size = preset("torus-4x4"), 64 << 20
+    limits = replace(Limits(), max_threadblocks=24)  # the search's own pick needs more once translated
+    [cp] = compile_plans(topo, CompileOptions(collective="allreduce", limits=limits), size, size)
+    assert cp.report.ok and "search_xml_us" in cp.details
+    assert not cp.window.plan.label.startswith("hierarchical")
+    assert cp.plans[0].max_threadblocks <= 24
+    assert cp.details["predicted_us"] <= 1.02 * cp.details["search_xml_us"]
+    for chunks in (4, 2, 1):  # and it beats every hierarchical stand-in that fits
+        try:
+            _, plan = fit(hierarchical_plan(topo, "allreduce", chunks=chunks, min_bytes=size, max_bytes=size), topo,
+                          "stand-in", limits=limits)
+        except PlanError:
+            continue
+        assert cp.details["predicted_us"] < time_plan(plan, topo, timed_size(plan, size)).time_us

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, bucket_caps,
-                       compile_range, window_summary, write_file_set)
+from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, compile_range,
+                       hipipe_planner, window_summary, write_file_set)
 from .crossover import fastest_segments
 from .errors import InputError, PlanError
 from .msccl.program import Program
@@ -32,7 +32,6 @@ from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan
 from .plan_fitting import fit, threadblock_budget
-from .optimizer import optimize
 from .schedule import Plan, hierarchical_plan
 from .sim import simulate_exact
 from .sim.plans import symmetric, time_plan
@@ -232,10 +231,8 @@ def _searched_again(topology: Topology, options: CompileOptions, window: Any, st
     """The search's pick and runners-up for one window whose threadblocks may hold at most
     `steps` steps: each in its protocol, or in the backend's where it is LL128."""
     limits = replace(threadblock_budget(topology, options.limits), max_steps=steps)
-    [choice] = optimize(topology, options.collective, [(window.min_bytes, window.max_bytes)], limits,
-                        dtype_bytes=options.dtype_bytes, max_nchunksperloop=options.max_nchunksperloop,
-                        caps=bucket_caps(topology, options, [window]), jobs=options.jobs)
-    return [replace(plan, protocol=p) for plan in (choice.plan, *choice.alternatives)
+    [(pick, details)] = hipipe_planner(topology, replace(options, limits=limits), [window])
+    return [replace(plan, protocol=p) for plan in (pick, *details.get("alternatives", ()))
             for p in ((plan.protocol,) if plan.protocol in choices else choices)]
 
 

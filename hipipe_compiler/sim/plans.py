@@ -87,7 +87,8 @@ class _Timer:
         self.runs = [_Run(g.id, tb.id, [n for op in tb.ops for n in ((op,) if op.name != "pipeline" else op.ops)])
                      for g in (plan.gpus[:1] if orbits else plan.gpus) for tb in g.threadblocks]
         self.tb_plan = {(g.id, tb.id): tb for g in plan.gpus for tb in g.threadblocks}
-        self.pair = channel_pairs(plan)
+        self.roles = _Roles(plan)
+        self.pair = self.roles.pairs
         self.signals: dict[tuple, int] = defaultdict(int)  # arrived, not yet waited for
         self.semaphores: dict[tuple, int] = {(g.id, s): v for g in plan.gpus for s, v in enumerate(g.semaphores)}
         self.packets: set[tuple[int, int]] = set()  # (rank, scratch cell) holding this launch's packets
@@ -319,7 +320,7 @@ class _Timer:
 
     def tables(self, rank: int) -> dict[str, list[tuple]]:
         if rank not in self.rank_tables:
-            self.rank_tables[rank] = _tables(self.plan.gpus[rank], self.topology)
+            self.rank_tables[rank] = _tables(rank, self.roles, self.topology)
         return self.rank_tables[rank]
 
     def deliver(self, endpoint: tuple) -> None:
@@ -338,34 +339,67 @@ def _operand_shape(name: str, source: bool, k: int, o: Operand) -> tuple:
 
 
 def _op_shape(op: Op) -> tuple:
-    return (op.name, op.channel_type, op.channel_ids, op.semaphore_ids, op.barrier_id, op.num_threadblocks, op.tbg,
-            op.unit_size, op.num_chunks, tuple(_operand_shape(op.name, True, k, o) for k, o in enumerate(op.src)),
-            tuple(_operand_shape(op.name, False, k, o) for k, o in enumerate(op.dst)),
-            tuple(_op_shape(n) for n in op.ops))
+    name, src, dst = op.name, op.src, op.dst
+    return (name, op.channel_type, op.channel_ids, op.semaphore_ids, op.barrier_id, op.num_threadblocks, op.tbg,
+            op.unit_size, op.num_chunks,
+            tuple([_operand_shape(name, True, k, o) for k, o in enumerate(src)]) if src else (),
+            tuple([_operand_shape(name, False, k, o) for k, o in enumerate(dst)]) if dst else (),
+            tuple(map(_op_shape, op.ops)) if op.ops else ())
 
 
-def _tables(gpu: GpuPlan, topology: Topology) -> dict[str, list[tuple]]:
+def _users(gpu: GpuPlan) -> dict[tuple[str, int], tuple[tuple[int, int], ...]]:
+    """Who uses each GPU-level channel: (threadblock id, place in its channel list) per
+    (type, index); operations name a channel by that place."""
+    users: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for tb in gpu.threadblocks:
+        for c in tb.channels:
+            for k, i in enumerate(c.channel_ids):
+                users[c.channel_type, i].append((tb.id, k))
+    return {key: tuple(v) for key, v in users.items()}
+
+
+class _Roles:
+    """What each rank's channels do, for `_tables`: their users, and the peer channel each
+    pairs with (the t-th A->B pairs with the t-th B->A, so their numbering depends on which
+    end is which, while their roles are what a shift keeps)."""
+
+    def __init__(self, plan: ExecutionPlan) -> None:
+        self.plan = plan
+        self.pairs = channel_pairs(plan)
+        self.users: dict[int, dict[tuple[str, int], tuple]] = {}
+
+    def of(self, rank: int) -> dict[tuple[str, int], tuple]:
+        if rank not in self.users:
+            self.users[rank] = _users(self.plan.gpus[rank])
+        return self.users[rank]
+
+    def role(self, rank: int, channel_type: str, index: int) -> tuple:
+        """The channel's users on this rank and, on its peer, the users of the channel it pairs with."""
+        mine = self.of(rank).get((channel_type, index), ())
+        peer = self.pairs.get((rank, channel_type, index))
+        return mine, () if peer is None else self.of(peer[0]).get(peer[1:], ())
+
+
+def _tables(rank: int, roles: _Roles, topology: Topology) -> dict[str, list[tuple]]:
     """Each GPU-level table (memory and port channels, switch channels, peer buffers) as
     (what the entry is, with peers as shifts; its index), in an order of the entries alone: the
-    indices are names, and the t-th channel to a peer keeps its place among that peer's."""
+    indices are names. A channel is its peer and its role (`_Roles.role`), not its place among
+    the channels to that peer."""
+    gpu = roles.plan.gpus[rank]
     rel = partial(topology.offset, gpu.id)
     out: dict[str, list[tuple]] = {}
     for t in ("memory", "port"):
-        seen: dict[int, int] = defaultdict(int)
-        entries = []
-        for i, p in enumerate(gpu.peers(t)):
-            entries.append(((rel(p), seen[p]), i))
-            seen[p] += 1
-        out[t] = sorted(entries)
+        out[t] = sorted(((rel(p), roles.role(rank, t, i)), i) for i, p in enumerate(gpu.peers(t)))
     out["switch"] = sorted(((b, tuple(sorted(map(rel, g)))), i) for i, (b, g) in enumerate(gpu.switch_groups()))
     out["buffers"] = sorted(((rel(b.rank), b.type, b.access_channel_types), i) for i, b in enumerate(gpu.remote_buffers))
     return out
 
 
-def _gpu_shape(gpu: GpuPlan, topology: Topology) -> tuple:
+def _gpu_shape(rank: int, roles: _Roles, topology: Topology) -> tuple:
     """A rank's plan with every peer named by its shift from the rank, its tables in a
     canonical order, and data offsets left out."""
-    tables = _tables(gpu, topology)
+    gpu = roles.plan.gpus[rank]
+    tables = _tables(rank, roles, topology)
     place = {t: {i: c for c, (_, i) in enumerate(entries)} for t, entries in tables.items()}
     entries = tuple((t, tuple(e for e, _ in tables[t])) for t in sorted(tables))
     blocks = tuple((tb.id, tuple((c.channel_type, tuple(place[c.channel_type][i] for i in c.channel_ids))
@@ -383,8 +417,9 @@ def symmetric(plan: ExecutionPlan, topology: Topology) -> bool:
     if plan.ngpus != topology.nranks or plan.ngpus < 2 or any(g.id != i for i, g in enumerate(plan.gpus)):
         return False
     try:
-        first = _gpu_shape(plan.gpus[0], topology)
-        return all(_gpu_shape(g, topology) == first for g in plan.gpus[1:])
+        roles = _Roles(plan)
+        first = _gpu_shape(0, roles, topology)
+        return all(_gpu_shape(rank, roles, topology) == first for rank in range(1, plan.ngpus))
     except (KeyError, IndexError, ValueError):  # a table index out of range: the full run names it
         return False
 

@@ -165,3 +165,37 @@ def test_a_rank_that_is_not_a_shift_of_rank_0_is_seen():
     blocks = (replace(tb, ops=tb.ops[:at] + (moved,) + tb.ops[at + 1:]), *g.threadblocks[1:])
     assert symmetric(with_gpu(5, threadblocks=blocks), topo)
     assert not symmetric(replace(plan, gpus=plan.gpus[:1]), topo)
+
+
+@pytest.mark.parametrize("name", ["dgx-h100-8x2", "torus-4x4"])
+def test_channels_numbered_by_which_end_is_which_are_still_seen_as_shifts(name):
+    """The t-th channel A->B pairs with the t-th B->A, so rank 0's channels to its left
+    neighbour and rank 1's to rank 0 come in another order; their roles are the same."""
+    topo = preset(name)
+    _, plan = fit(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20), topo, "h")
+    ordinals = []
+    for rank in (0, 1):  # each threadblock's channels: their peer's shift, and their place among that peer's
+        g = plan.gpus[rank]
+        peers = g.peers("memory")
+        ordinals.append([(topo.offset(rank, peers[i]), peers[:i].count(peers[i]))
+                         for tb in g.threadblocks for i in tb.channel_list("memory")])
+    assert ordinals[0] != ordinals[1]
+    assert symmetric(plan, topo)
+    _same_times(plan, topo, timed_size(plan, 1 << 20))
+
+
+def test_a_rank_whose_channels_swap_roles_is_not_a_shift_of_rank_0():
+    topo = preset("dgx-h100-8x2")
+    _, plan = fit(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20), topo, "h")
+    g = plan.gpus[5]
+    peers = g.peers("memory")
+    used = {i for tb in g.threadblocks for i in tb.channel_list("memory")}
+    i, j = next((i, j) for i in sorted(used) for j in sorted(used) if i < j and peers[i] == peers[j])
+    swap = {i: j, j: i}
+    blocks = tuple(replace(tb, channels=tuple(replace(c, channel_ids=tuple(swap.get(x, x) for x in c.channel_ids))
+                                              if c.channel_type == "memory" else c for c in tb.channels))
+                   for tb in g.threadblocks)
+    gpus = list(plan.gpus)
+    gpus[5] = replace(g, threadblocks=blocks)
+    assert symmetric(plan, topo)
+    assert not symmetric(replace(plan, gpus=tuple(gpus)), topo)

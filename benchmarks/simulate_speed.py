@@ -6,11 +6,16 @@ plan refuses sizes outside its window), and so is hipipe's LL program of 8x4's 2
 far above that window: two of its threadblocks share a port but replay at slightly different
 rates (about 1.03 to 1), so the replays never repeat exactly and every one is simulated.
 
+The MSCCL++ plans of a hierarchical all-reduce are timed too: 8x16's (128 ranks), and with
+--pod the 1024-rank pod's (a 115 MB plan; compiling it takes minutes and about 18 GB), where
+reading and checking the plan is most of the time.
+
 Targets: 8x16's XML in under 5 s at 1 GiB (the optimizer calls the simulator in its loop),
 and every file at every size in under 10 s.
-Run: python benchmarks/simulate_speed.py
+Run: python benchmarks/simulate_speed.py [--pod]
 """
 
+import argparse
 import json
 import sys
 import tempfile
@@ -25,6 +30,12 @@ CASES = [(label, name, ["--algo", "hierarchical"], "1GiB", ("1GiB", "1TiB")) for
 CASES += [("torus-4x4, hipipe", "torus-4x4", [], "1GiB", ("1GiB", "1TiB"))]
 CASES += [("8x4, hipipe LL of 256KiB", "dgx-h100-8x4", [], "256KiB", ("1GiB", "1TiB"))]
 CASES += [(label, name, ["--backend", "mscclpp"], "1GiB", ("1GiB",)) for label, name in PLANS.items()]
+CASES += [("8x16, hierarchical plan", "dgx-h100-8x16", ["--backend", "mscclpp", "--algo", "hierarchical"], "1GiB", ("1GiB",))]
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--pod", action="store_true", help="also the 1024-rank pod's hierarchical plan")
+if parser.parse_args().pod:
+    CASES += [("1024 (8x4x8x4), hierarchical plan", "pod-8x4x8x4", ["--backend", "mscclpp", "--algo", "hierarchical"],
+               "1GiB", ("1GiB",))]
 rows, seconds = [], {}
 with tempfile.TemporaryDirectory() as tmp:
     for case, (label, name, how, compiled_at, sizes) in enumerate(CASES):

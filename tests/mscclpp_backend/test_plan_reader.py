@@ -3,6 +3,7 @@ InputError naming the file and the field, never a traceback."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -75,6 +76,15 @@ def test_hostile_json_is_one_error(text, message):
     with pytest.raises(InputError) as err:
         read_plan_text(text, "h.json")
     assert message in str(err.value) and "\n" not in str(err.value)
+    assert gc.isenabled()  # paused while reading, back on after an error too
+
+
+def test_a_key_given_twice_is_named_wherever_it_is():
+    doc = json.loads(write_plan(_plan()))
+    text = json.dumps(doc).replace('"scratch_chunks":', '"output_chunks": 1, "scratch_chunks":', 1)
+    with pytest.raises(InputError, match="'output_chunks' appears twice"):
+        read_plan_text(text, "h.json")
+    assert gc.isenabled()
 
 
 def test_binary_and_missing_files(tmp_path):

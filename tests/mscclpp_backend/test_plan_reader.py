@@ -11,7 +11,8 @@ from hypothesis import given, strategies as st
 
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.plan_fitting import fit
-from hipipe_compiler.mscclpp.reader import MAX_DEPTH, _depth, looks_like_plan, read_plan, read_plan_text
+from hipipe_compiler.mscclpp.reader import (MAX_DEPTH, _depth, _depth_escaped, _depth_unescaped, looks_like_plan,
+                                            read_plan, read_plan_text)
 from hipipe_compiler.mscclpp.writer import plan_document, write_plan
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
@@ -135,6 +136,12 @@ _JSON = st.recursive(st.none() | st.integers() | _TEXT,
 def test_the_depth_check_counts_brackets_outside_strings_as_json_nests_them(value, compact):
     text = json.dumps(value, separators=(",", ":") if compact else None)  # strings full of brackets, quotes, escapes
     assert _depth(text) == _nesting(value)
+
+
+@given(st.text(alphabet='[]{}"a ,:\u00e9', max_size=60))
+def test_without_escapes_a_count_of_quotes_finds_the_strings_as_the_regex_does(text):
+    # any text, JSON or not: unbalanced brackets, strings left open, non-ASCII
+    assert _depth_unescaped(text) == _depth_escaped(text)
 
 
 def test_a_string_left_open_hides_the_brackets_after_it():

@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inplace", action="store_true", help="mscclpp, --size: write the in-place plan (default out-of-place)")
     p.add_argument("--no-in-switch", action="store_true",
                    help="mscclpp: never reduce in the switch (NVLS), even where the topology declares nvls")
+    p.add_argument("--max-scratch", type=size_option("--max-scratch"),
+                   help="mscclpp: the most scratch each plan may take per rank and context (the executor allocates "
+                   "one per pair of buffer allocations, sized by max_message_size where the allocations are that "
+                   "large, and never frees it); each plan serves up to where its scratch would pass it, NCCL above "
+                   "(default: no bound)")
     p.add_argument("--jobs", "-j", type=integer_option("--jobs", 1, 256),
                    help=f"hipipe: processes that simulate the candidates the search is about to judge; the programs do not "
                    f"depend on it (default: $HIPIPE_JOBS, else the usable cores, at most {MAX_JOBS}; 1: none besides "

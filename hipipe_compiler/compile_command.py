@@ -12,6 +12,7 @@ from .compiler import (
     window_summary, write_directory, write_file,
 )
 from .console import print_json, summary_table, verified
+from .errors import InputError
 from .files import check_output_path
 from .handoff import against_nccl, kept, left
 from .msccl.runtime import LEGACY_MAX_ALGORITHMS, Limits
@@ -27,6 +28,8 @@ def _bucket_setting(value: int | None) -> int | str | None:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     directory = args.sizes is not None
+    if args.max_scratch is not None:
+        raise InputError(None, "--max-scratch", "bounds MSCCL++ plans' scratch: use it with --backend mscclpp")
     out = check_output_path(args.output, directory)
     topo = load_topology(args.topology)
     check_fits_one_file(topo, args.topology)

@@ -15,7 +15,7 @@ from .files import check_output_path, write_atomic, writing
 from .handoff import against_nccl, fallbacks_against_nccl, kept, left
 from .msccl.runtime import Limits
 from .optimizer.workers import default_jobs
-from .mscclpp.plan import ExecutionPlan
+from .mscclpp.plan import ExecutionPlan, largest_message_size
 from .mscclpp.reader import read_plan
 from .sim.plans import time_plan
 from .msccl.verify.report import Collector
@@ -23,8 +23,8 @@ from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.verify.structure import check_structure
 from .mscclpp.writer import write_plan
 from .mscclpp.register import SYMMETRIC_MEMORY_ENV
-from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer, size_multiple,
-                            write_plans_directory)
+from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer, reach,
+                            size_multiple, write_plans_directory)
 from .presets import load_topology
 from .sim import SimulationError
 from .units import format_size
@@ -47,7 +47,8 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     lo, hi = args.sizes if directory else (args.size, args.size)
     watch = Stopwatch()
     compiled, failed = verified(topo, None, lambda: compile_plans(topo, options, lo, hi, node_size=node, stopwatch=watch,
-                                                                  in_switch=not args.no_in_switch, fallbacks=directory))
+                                                                  in_switch=not args.no_in_switch, fallbacks=directory,
+                                                                  max_scratch=args.max_scratch))
     if failed:
         return failed
     windows = [cp.window for cp in compiled]
@@ -71,6 +72,7 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
     if directory:
         manifest = {**base_manifest(topo, args.coll, args.algo, node),
                     "min_speedup": args.min_speedup if args.algo == "hipipe" else None,
+                    "max_scratch": args.max_scratch,
                     "windows": [s for s, w in zip(summaries, windows) if id(w) in keep],
                     "left_to_nccl": [s for s, w in zip(summaries, windows) if id(w) not in keep]}
         with watch.phase("write"):
@@ -88,8 +90,12 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
                   "falls back to NCCL for those calls")
         served_to = max(cp.window.window.max_bytes for cp in compiled)
         if directory and served_to < hi:
-            print(f"above {format_size(served_to)} the shim runs NCCL: the plans' offsets would wrap the executor's "
-                  "uint32 there (their buffers or scratch pass 4 GiB; mscclpp.md 6)")
+            top = next(p for cp in compiled if cp.window.window.max_bytes == served_to for p in cp.plans)
+            why = (f"the plans' scratch per context would pass --max-scratch {format_size(args.max_scratch)}"
+                   if args.max_scratch is not None and reach(top, args.max_scratch) < largest_message_size(top)
+                   else "the plans' offsets would wrap the executor's uint32 there (their buffers or scratch pass 4 GiB; "
+                   "mscclpp.md 6)")
+            print(f"above {format_size(served_to)} the shim runs NCCL: {why}")
         symmetric = [cp for cp in compiled if id(cp.window) in keep and cp.plans[0].needs_symmetric_memory]
         if directory and symmetric:
             instead = {how: _ranges([cp.window.window for cp in symmetric if bool(cp.fallbacks) == fb])

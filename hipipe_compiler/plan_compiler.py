@@ -27,7 +27,7 @@ from .msccl.program import Program
 from .msccl.verify import Report
 from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
 from .mscclpp.nvls_pipeline import describe, nvls_pipeline_plan, pipeline_shape, staggered
-from .mscclpp.plan import ExecutionPlan, largest_message_size
+from .mscclpp.plan import ExecutionPlan, context_scratch_bytes, largest_message_size, largest_size_within_scratch
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import write_plan
@@ -109,11 +109,13 @@ def _modes(program: Program) -> tuple[bool, ...]:
 def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
                   planner: Planner | None = None, node_size: int | None = None,
                   stopwatch: Stopwatch | None = None, in_switch: bool = True,
-                  fallbacks: bool = False) -> list[CompiledPlans]:
+                  fallbacks: bool = False, max_scratch: int | None = None) -> list[CompiledPlans]:
     """Plans for every size window of [min, max]; VerificationFailed if one does not verify.
     `in_switch` lets the search's all-reduces give way to plans that reduce in the switch, and
     `fallbacks` keeps the GPU-side plan behind each of them, timed at the part's ends, for jobs
-    whose buffers are not symmetric (ExecutionPlan.needs_symmetric_memory)."""
+    whose buffers are not symmetric (ExecutionPlan.needs_symmetric_memory). `max_scratch`
+    bounds each plan's scratch per context (`context_scratch_bytes`): a plan then serves up
+    to where its scratch would pass it, and NCCL above."""
     watch = stopwatch or Stopwatch()
     choices = (options.protocol,) if options.protocol in PLAN_PROTOCOLS else PLAN_PROTOCOLS
     if options.protocol == "LL128":
@@ -127,11 +129,12 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
     seen: dict[tuple[int, int], float] = {}
     for index in reversed(range(len(windows)) if in_switch else ()):
         lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
-        served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen)
+        served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen, max_scratch)
         if all(build is None for _s, build, _k in served[index]):
             break
     out = []
-    ceiling = None  # where a part was left out: the largest size its plan's offsets allow
+    ceiling = None  # where a part was left out: the largest size its plan's offsets (or scratch budget) allow
+    by_scratch = False  # whether the scratch budget set it
     proven: dict[tuple[ExecutionPlan, bool], Report] = {}
     for index, (cw, best) in enumerate(zip(windows, bests)):
         lo, hi = cw.window.min_bytes, cw.window.max_bytes
@@ -141,10 +144,11 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         segments = [(start, starts[k + 1] - 1, build, known) for k, (start, build, known) in enumerate(served[index])]
         for seg_lo, seg_hi, build, known in segments:
             built = [(m, plan) for m in _modes(program)] if build is None else [(m, build(m)) for m in (False, True)]
-            # above the size where a plan's offsets wrap, the part is left to NCCL
-            top = min(seg_hi, *(largest_message_size(p) for _m, p in built))
+            # above the size where a plan's offsets wrap or its scratch passes the budget, NCCL serves the part
+            top = min(seg_hi, *(reach(p, max_scratch) for _m, p in built))
             if top < seg_lo:
                 ceiling = top
+                by_scratch = top < min(largest_message_size(p) for _m, p in built)
                 continue
             names = {m: _name(topology, options.collective, index, seg_lo, top, m) for m, _p in built}
             plans = tuple(_part(p, names[m], m, seg_lo, top) for m, p in built)
@@ -153,16 +157,25 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                 timed = result if build is None and at == size else known.get(at) or time_plan(plans[0], topology, at)
             backup = ()  # a fallback must take every size of the part, or NCCL takes them all
             if (fallbacks and build is not None and any(p.needs_symmetric_memory for p in plans)
-                    and largest_message_size(plan) >= top):
+                    and reach(plan, max_scratch) >= top):
                 backup = tuple(_part(plan, f"{names[m]}-fallback", m, seg_lo, top) for m in _modes(program))
             done = _finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=top), program,
                            plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch, proven,
                            backup)
             out.append(replace(done, times={**known, at: timed}, fallbacks=backup))
     if not out:
-        raise PlanError(f"the plan serves at most {format_size(ceiling or 0)} ({ceiling} bytes): above it the MSCCL++ "
-                        "executor's uint32 offsets wrap, as its buffers or scratch pass 4 GiB (mscclpp.md 6)")
+        raise PlanError(f"the plan serves at most {format_size(ceiling or 0)} ({ceiling} bytes): above it "
+                        + (f"its scratch per context passes --max-scratch {format_size(max_scratch or 0)}" if by_scratch
+                           else "the MSCCL++ executor's uint32 offsets wrap, as its buffers or scratch pass 4 GiB "
+                                "(mscclpp.md 6)"))
     return out
+
+
+def reach(plan: ExecutionPlan, max_scratch: int | None = None) -> int:
+    """The largest call a plan may serve: where its offsets still fit the executor's uint32,
+    and its scratch per context stays within max_scratch bytes (when given)."""
+    top = largest_message_size(plan)
+    return top if max_scratch is None else min(top, largest_size_within_scratch(plan, max_scratch))
 
 
 @dataclass(frozen=True)
@@ -289,7 +302,8 @@ Served = tuple[int, "Builder | None", dict[int, SimResult]]
 
 
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
-               watch: Stopwatch, seen: dict[tuple[int, int], float] | None = None) -> list[Served]:
+               watch: Stopwatch, seen: dict[tuple[int, int], float] | None = None,
+               max_scratch: int | None = None) -> list[Served]:
     """Which plan serves each part of an all-reduce window, ascending from `lo`: (from which
     size, the in-switch plan as a builder per buffer mode or None for `translated`, the times
     of that out-of-place plan simulated on the way), as `fastest_segments` decides between
@@ -301,9 +315,9 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     budget = threadblock_budget(topology, options.limits).max_threadblocks
     candidates = [(build, plan) for build in switch_candidates(topology, translated.name)
                   if (plan := build(False)).max_threadblocks <= budget]
-    # each plan serves up to where its offsets wrap; above every plan's, the part goes to NCCL
-    reach = {None: largest_message_size(translated), **{i: largest_message_size(p) for i, (_b, p) in enumerate(candidates)}}
-    hi = min(hi, max(reach.values()))
+    # each plan serves up to its reach; above every plan's, the part goes to NCCL
+    reaches = {None: reach(translated, max_scratch), **{i: reach(p, max_scratch) for i, (_b, p) in enumerate(candidates)}}
+    hi = min(hi, max(reaches.values()))
     if not candidates or hi < lo:
         return [(lo, None, {})]
     step = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
@@ -312,7 +326,7 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
 
     def time(i: int | None, size: int) -> float:
         plan = translated if i is None else candidates[i][1]
-        if size > reach[i]:
+        if size > reaches[i]:
             return math.inf
         if i not in orbits:
             orbits[i] = symmetric(plan, topology)
@@ -371,17 +385,7 @@ def manifest_entry(plan: ExecutionPlan, node_size: int) -> dict[str, Any]:
             "max_message_size": plan.max_message_size, "protocol": plan.protocol, "size_multiple": size_multiple(plan),
             "in_switch": any(g.switch_groups() for g in plan.gpus), "symmetric_memory": plan.needs_symmetric_memory,
             "fallback": plan.name.endswith("-fallback"),
-            "scratch_bytes_at_max": scratch_bytes(plan, timed_size(plan, plan.max_message_size))}
-
-
-def scratch_bytes(plan: ExecutionPlan, nbytes: int) -> int:
-    """The scratch the executor allocates per rank for a call of nbytes (mscclpp.md 2.6): every
-    receive has its own slot, so it grows with the message."""
-    inp = nbytes // plan.ngpus if plan.collective == "allgather" else nbytes
-    chunk = -(-inp // plan.gpus[0].input_chunks)
-    per = max(g.scratch_chunks for g in plan.gpus) * chunk * (2 if plan.packets else 1)
-    per *= 2 if plan.use_double_scratch_buffer else 1
-    return per + -per % plan.buffer_alignment
+            "scratch_bytes_per_context": context_scratch_bytes(plan)}
 
 
 def write_plans_directory(compiled: Sequence[CompiledPlans], path: str | Path, manifest: dict[str, Any],

@@ -246,8 +246,7 @@ def largest_message_size(plan: ExecutionPlan) -> int:
     the offsets wrap, and the kernel reads and writes the wrong bytes."""
     if not plan.gpus:
         return MAX_MESSAGE_SIZE
-    scratch = (2 if plan.packets else 1) * (2 if plan.use_double_scratch_buffer else 1)
-    units = max(max(g.input_chunks, g.output_chunks, g.scratch_chunks * scratch) for g in plan.gpus)
+    units = max(max(g.input_chunks, g.output_chunks, g.scratch_chunks * _scratch_factor(plan)) for g in plan.gpus)
     align = max(plan.buffer_alignment, 1)
     chunk = MAX_DEVICE_OFFSET // max(units, 1) // align * align
     per_rank = chunk * plan.gpus[0].input_chunks
@@ -281,3 +280,38 @@ def channel_pairs(plan: ExecutionPlan) -> dict[tuple[int, str, int], tuple[int, 
         for i, j in zip(indices, towards.get((p, t, me), [])):
             out[(me, t, i)] = (p, t, j)
     return out
+
+
+def _scratch_factor(plan: ExecutionPlan) -> int:
+    """Scratch bytes per chunk byte: packets carry a flag beside every word, and a double
+    buffer keeps two halves."""
+    return (2 if plan.packets else 1) * (2 if plan.use_double_scratch_buffer else 1)
+
+
+def context_scratch_bytes(plan: ExecutionPlan) -> int:
+    """The scratch the executor allocates per rank for each context of this plan, at most: a
+    context per pair of buffer allocations, never freed, whose scratch is sized by the smaller
+    of the send buffer's whole allocation and max_message_size (mscclpp.md 2.6,
+    `setupScratchBuffer`). Buffers in allocations of that size or more reach this bound; for
+    an all-gather max_message_size is the output's, so it is the ranks' count times the
+    scratch of a call at that size."""
+    size = plan.max_message_size
+    worst = 0
+    for g in plan.gpus:
+        chunks = g.input_chunks or g.output_chunks
+        per = -(-size // chunks) * g.scratch_chunks * _scratch_factor(plan) if chunks else 0
+        worst = max(worst, per + -per % max(plan.buffer_alignment, 1))
+    return worst
+
+
+def largest_size_within_scratch(plan: ExecutionPlan, budget: int) -> int:
+    """The largest max_message_size whose `context_scratch_bytes` stays within budget bytes
+    per rank (MAX_MESSAGE_SIZE where the plan keeps no scratch)."""
+    align = max(plan.buffer_alignment, 1)
+    usable = budget // align * align
+    largest = MAX_MESSAGE_SIZE
+    for g in plan.gpus:
+        chunks = g.input_chunks or g.output_chunks
+        if g.scratch_chunks and chunks:
+            largest = min(largest, usable // (g.scratch_chunks * _scratch_factor(plan)) * chunks)
+    return largest

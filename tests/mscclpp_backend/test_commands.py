@@ -170,3 +170,51 @@ def test_sizes_past_the_executors_uint32_offsets_are_refused_or_left_to_nccl(tmp
     assert entries and max(e["max_message_size"] for e in entries) < 4 << 30
     for e in entries:
         assert verify_plan(read_plan(plans / e["file"])).ok
+
+
+def _context_scratch(plan_json: dict) -> int:
+    """mscclpp.md 2.6 (calScratchBufferSize): the scratch of a context whose send buffer's
+    allocation is at least max_message_size, per rank, at most over the ranks."""
+    factor = (2 if plan_json["protocol"] == "LL" else 1) * (2 if plan_json.get("use_double_scratch_buffer") else 1)
+    align = plan_json.get("buffer_alignment", 16)
+    sizes = [-(-plan_json["max_message_size"] // g["input_chunks"]) * g["scratch_chunks"] * factor
+             for g in plan_json["gpus"]]
+    return max(-(-s // align) * align for s in sizes)
+
+
+def test_max_scratch_bounds_every_plans_scratch_and_leaves_larger_calls_to_nccl(tmp_path):
+    budget = 128 << 20
+    free, bounded = tmp_path / "free", tmp_path / "bounded"
+    base = ("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--algo", "hierarchical", "--sizes", "64MiB:1GiB")
+    assert run_hipipe(*base, "-o", free).returncode == 0
+    done = run_hipipe(*base, "--max-scratch", "128MiB", "-o", bounded)
+    assert done.returncode == 0, done.stderr
+    assert "the shim runs NCCL" in done.stdout and "--max-scratch 128MiB" in done.stdout
+    unbounded = json.loads((free / ".hipipe" / "manifest.json").read_text())
+    manifest = json.loads((bounded / ".hipipe" / "manifest.json").read_text())
+    assert unbounded["max_scratch"] is None and manifest["max_scratch"] == budget
+    assert max(e["scratch_bytes_per_context"] for e in unbounded["plans"]) > budget  # the bound binds
+    for e in unbounded["plans"]:  # docs/mscclpp.md: twice the largest call, per context
+        assert e["scratch_bytes_per_context"] == pytest.approx(2 * e["max_message_size"], rel=1e-6)
+    top = max(e["max_message_size"] for e in manifest["plans"])
+    assert top < max(e["max_message_size"] for e in unbounded["plans"])
+    for e in manifest["plans"]:
+        plan_json = json.loads((bounded / e["file"]).read_text())
+        assert e["scratch_bytes_per_context"] == _context_scratch(plan_json) <= budget
+        assert verify_plan(read_plan(bounded / e["file"])).ok
+    # the largest plan could serve no more: one size more and its scratch would pass the budget
+    largest = next(e for e in manifest["plans"] if e["max_message_size"] == top)
+    wider = {**json.loads((bounded / largest["file"]).read_text()), "max_message_size": top + largest["size_multiple"]}
+    assert _context_scratch(wider) > budget
+
+
+def test_max_scratch_below_any_plans_need_or_on_xml_is_one_line_and_exit_2(tmp_path):
+    out = tmp_path / "x.json"
+    done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--algo", "hierarchical", "--size", "256MiB",
+                      "--max-scratch", "1MiB", "-o", out)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--max-scratch 1MiB" in done.stderr, done.stderr
+    assert not out.exists()
+    done = run_hipipe("compile", "dgx-h100-8x2", "--algo", "hierarchical", "--size", "256MiB", "--max-scratch", "1GiB",
+                      "-o", tmp_path / "x.xml")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--backend mscclpp" in done.stderr, done.stderr
+    assert not (tmp_path / "x.xml").exists()

@@ -284,8 +284,8 @@ def test_a_window_is_split_where_the_switch_starts_to_pay(monkeypatch):
     tried = []
     real = plan_compiler._in_switch
 
-    def spy(topology, options, translated, lo, hi, watch, seen):
-        tried.append((lo, hi, real(topology, options, translated, lo, hi, watch, seen)))
+    def spy(topology, options, translated, lo, hi, watch, seen, max_scratch):
+        tried.append((lo, hi, real(topology, options, translated, lo, hi, watch, seen, max_scratch)))
         return tried[-1][2]
     monkeypatch.setattr(plan_compiler, "_in_switch", spy)
     topo = preset("dgx-h100-8x1")

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.plan_compiler import scratch_bytes, size_multiple
+from hipipe_compiler.plan_compiler import size_multiple
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op, largest_message_size, message_sizes
 from hipipe_compiler.mscclpp.reader import read_plan_text
@@ -95,9 +95,11 @@ def test_the_largest_size_is_where_the_first_offset_would_wrap(subject):
     step = size_multiple(plan)
     assert largest % step == 0 and verify_plan(replace(plan, max_message_size=largest)).ok
 
-    def ends(nbytes: int) -> int:
+    def ends(nbytes: int) -> int:  # of the input, the output and the scratch a call of nbytes fills
         inp, out = message_sizes(plan.collective, nbytes, plan.ngpus)
-        return max(inp, out, scratch_bytes(plan, nbytes))
+        chunk = inp // plan.gpus[0].input_chunks
+        scratch = max(g.scratch_chunks for g in plan.gpus) * chunk * (2 if plan.packets else 1)
+        return max(inp, out, scratch * (2 if plan.use_double_scratch_buffer else 1))
     assert ends(largest) <= (1 << 32) - 1 < ends(largest + step)
 
 

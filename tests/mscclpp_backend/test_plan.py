@@ -1,0 +1,49 @@
+"""The plan's memory as the executor allocates it: scratch per context, and the largest
+window a scratch budget allows."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hipipe_compiler.mscclpp.plan import MAX_MESSAGE_SIZE, context_scratch_bytes, largest_size_within_scratch
+from hipipe_compiler.plan_fitting import fit
+from hipipe_compiler.presets import preset
+from hipipe_compiler.schedule import hierarchical_plan
+
+TOPO = preset("dgx-h100-8x2")
+PLANS = {(collective, protocol): fit(hierarchical_plan(TOPO, collective, chunks=2, protocol=protocol,
+                                                       max_bytes=1 << 20), TOPO, "m")[1]
+         for collective in ("allreduce", "allgather") for protocol in ("Simple", "LL")}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(PLANS)), st.integers(1, 1 << 34))
+def test_the_largest_size_within_a_budget_is_the_last_whose_scratch_fits(key, budget):
+    plan = PLANS[key]
+    top = largest_size_within_scratch(plan, budget)
+    assert context_scratch_bytes(replace(plan, max_message_size=top)) <= budget
+    assert context_scratch_bytes(replace(plan, max_message_size=top + 1)) > budget
+
+
+@pytest.mark.parametrize("protocol", ["Simple", "LL"])
+def test_an_all_gathers_scratch_is_sized_by_its_output(protocol):
+    """The executor sizes scratch by the send buffer's allocation, capped by max_message_size,
+    which an all-gather counts in output bytes: its ranks' count times a call's own scratch."""
+    plan = PLANS["allgather", protocol]
+    g = plan.gpus[0]
+    top = plan.max_message_size // (TOPO.nranks * g.input_chunks * 16) * (TOPO.nranks * g.input_chunks * 16)
+    plan = replace(plan, max_message_size=top)
+    call_input = top // TOPO.nranks  # what one call at that size sends
+    per_call = call_input // g.input_chunks * max(x.scratch_chunks for x in plan.gpus)
+    per_call *= (2 if plan.packets else 1) * (2 if plan.use_double_scratch_buffer else 1)
+    assert context_scratch_bytes(plan) == TOPO.nranks * per_call
+
+
+def test_a_plan_without_scratch_has_no_scratch_bound():
+    plan = PLANS["allreduce", "Simple"]
+    bare = replace(plan, gpus=tuple(replace(g, scratch_chunks=0) for g in plan.gpus))
+    assert context_scratch_bytes(bare) == 0 and largest_size_within_scratch(bare, 1) == MAX_MESSAGE_SIZE

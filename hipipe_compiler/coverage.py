@@ -53,6 +53,7 @@ class Call:
     also: tuple[str, ...]  # other files that could serve it: the file system's listing order decides
     padded_count: int | None  # the smallest count >= count that some file serves
     left_to_nccl: bool = False  # in a window the directory leaves to NCCL by design (handoff.py)
+    scratch_bytes: int | None = None  # MSCCL++: the scratch per context of the plan that serves it, at most
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,14 @@ class Coverage:
         return sum(c.nbytes for c in self.calls_detail if c.file is not None)
 
     @property
+    def scratch_bytes(self) -> int | None:
+        """MSCCL++ plans: the scratch the executor holds per rank for these calls, at most: a
+        context per call (DDP's buckets are tensors of their own), each up to its plan's
+        scratch per context; None where a served call's plan does not say."""
+        served = [c.scratch_bytes for c in self.calls_detail if c.file is not None]
+        return None if not served or None in served else sum(served)  # type: ignore[arg-type]
+
+    @property
     def padded_served_calls(self) -> int:
         return sum(c.padded_count is not None for c in self.calls_detail)
 
@@ -96,8 +105,10 @@ class Coverage:
             "calls": self.calls, "served_calls": self.served_calls, "left_to_nccl_calls": self.left_calls,
             "bytes": self.bytes, "served_bytes": self.served_bytes,
             "padded": {"served_calls": self.padded_served_calls, "extra_bytes": self.padded_extra_bytes},
+            "scratch_bytes_at_most": self.scratch_bytes,
             "detail": [{"call": c.label, "count": c.count, "bytes": c.nbytes, "file": c.file, "why_not": c.why_not,
-                        "also": list(c.also), "padded_count": c.padded_count, "left_to_nccl": c.left_to_nccl}
+                        "also": list(c.also), "padded_count": c.padded_count, "left_to_nccl": c.left_to_nccl,
+                        "scratch_bytes": c.scratch_bytes}
                        for c in self.calls_detail],
         }
 
@@ -224,7 +235,8 @@ def plan_coverage(entries: Sequence[PlanEntry], counts: Sequence[int], dtype_byt
         if by_design:
             why = "left to NCCL by design: NCCL's own pick is as fast there"
         out.append(Call(labels[i] if labels else f"call {i}", count, nbytes, entry.file if entry else None,
-                        None if entry else why, (), min(padded, default=None), by_design))
+                        None if entry else why, (), min(padded, default=None), by_design,
+                        entry.scratch_bytes if entry else None))
     return Coverage(tuple(out), world_size, dtype_bytes)
 
 

@@ -103,6 +103,7 @@ def test_hipipe_coverage_reports_served_calls_and_padding(tmp_path, directory):
     assert doc["detail"][1]["why_not"].startswith("65537 elements are not a multiple of nchunksperloop")
     text = run_hipipe("coverage", directory, "--counts", counts)
     assert text.returncode == 0 and "served: 2 of 3 calls" in text.stdout and "65537" in text.stdout
+    assert doc["scratch_bytes_at_most"] is None and "scratch" not in text.stdout  # MSCCL XML: the runtime's own
 
 
 @pytest.mark.parametrize("case", ["empty", "mixed", "legacy", "profile", "count"])
@@ -161,6 +162,13 @@ def test_coverage_of_a_directory_of_mscclpp_plans(tmp_path):
     assert first["file"] and first["file"].endswith("-inplace.json")  # DDP all-reduces in place
     assert odd["file"] is None and "multiple" in odd["why_not"] and odd["padded_count"] > odd["count"]
     assert large["file"] is None and "outside" in large["why_not"] and large["padded_count"] is None
+    # each served call holds its plan's scratch per context at most; calls NCCL serves hold none
+    manifest = {e["file"]: e for e in json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]}
+    assert first["scratch_bytes"] == manifest[first["file"]]["scratch_bytes_per_context"] > 0
+    assert odd["scratch_bytes"] is None and large["scratch_bytes"] is None
+    assert report["scratch_bytes_at_most"] == first["scratch_bytes"]
+    text = run_hipipe("coverage", out, "--counts", counts)
+    assert text.returncode == 0 and "scratch the executor keeps per GPU for these calls: at most" in text.stdout
 
 
 def test_a_missing_directory_is_named_for_what_each_reader_takes(tmp_path):

@@ -52,6 +52,7 @@ class PlanEntry:
     size_multiple: int
     file: str
     symmetric_memory: bool = False  # it addresses peers' input or output (ExecutionPlan.needs_symmetric_memory)
+    scratch_bytes: int | None = None  # per rank and context, at most (context_scratch_bytes); None in older manifests
 
 
 def load_manifest(directory: str | Path) -> list[PlanEntry]:
@@ -71,7 +72,8 @@ def load_manifest(directory: str | Path) -> list[PlanEntry]:
             entry = PlanEntry(str(e["name"]), str(e["collective"]), int(e["world_size"]), int(e["ranks_per_node"]),
                               bool(e["inplace"]), int(e["min_message_size"]), int(e["max_message_size"]),
                               int(e["size_multiple"]), str(e["file"]),
-                              bool(e.get("symmetric_memory", e.get("in_switch", False))))
+                              bool(e.get("symmetric_memory", e.get("in_switch", False))),
+                              None if e.get("scratch_bytes_per_context") is None else int(e["scratch_bytes_per_context"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise InputError(str(path), f"plans[{i}]", f"expected the fields hipipe writes ({exc})") from None
         if Path(entry.file).name != entry.file:

@@ -497,7 +497,8 @@ def cmd_coverage(args: argparse.Namespace) -> int:
           f"{report.padded_extra_bytes} extra bytes ({report.padded_extra_bytes / max(report.bytes, 1):.3%})")
     if report.scratch_bytes is not None:
         print(f"scratch the executor keeps per GPU for these calls: at most {format_size(report.scratch_bytes)}, a context "
-              "per bucket, each sized for its plan's largest call (docs/mscclpp.md; compile with --max-scratch to bound it)")
+              "per bucket while each keeps its buffer, each sized by its plan's largest message (docs/mscclpp.md; "
+              "compile with --max-scratch to bound it)")
     ambiguous = [c for c in report.calls_detail if c.also]
     if ambiguous:
         print(f"note: {len(ambiguous)} call(s) match several files; the runtime takes the first in the directory "

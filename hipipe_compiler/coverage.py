@@ -85,9 +85,10 @@ class Coverage:
 
     @property
     def scratch_bytes(self) -> int | None:
-        """MSCCL++ plans: the scratch the executor holds per rank for these calls, at most: a
-        context per call (DDP's buckets are tensors of their own), each up to its plan's
-        scratch per context; None where a served call's plan does not say."""
+        """MSCCL++ plans: the scratch the executor holds per rank for these calls, at most,
+        while each call keeps its buffer: a context per call (DDP's buckets are tensors of their
+        own), each up to its plan's scratch per context; None where a served call's plan does
+        not say."""
         served = [c.scratch_bytes for c in self.calls_detail if c.file is not None]
         return None if not served or None in served else sum(served)  # type: ignore[arg-type]
 

@@ -90,9 +90,9 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
                   "falls back to NCCL for those calls")
         served_to = max(cp.window.window.max_bytes for cp in compiled)
         if directory and served_to < hi:
-            top = next(p for cp in compiled if cp.window.window.max_bytes == served_to for p in cp.plans)
+            tops = [p for cp in compiled if cp.window.window.max_bytes == served_to for p in (*cp.plans, *cp.fallbacks)]
             why = (f"the plans' scratch per context would pass --max-scratch {format_size(args.max_scratch)}"
-                   if args.max_scratch is not None and reach(top, args.max_scratch) < largest_message_size(top)
+                   if args.max_scratch is not None and any(reach(p, args.max_scratch) < largest_message_size(p) for p in tops)
                    else "the plans' offsets would wrap the executor's uint32 there (their buffers or scratch pass 4 GiB; "
                    "mscclpp.md 6)")
             print(f"above {format_size(served_to)} the shim runs NCCL: {why}")

@@ -146,7 +146,7 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
             built = [(m, plan) for m in _modes(program)] if build is None else [(m, build(m)) for m in (False, True)]
             # above the size where a plan's offsets wrap or its scratch passes the budget, NCCL serves the part
             top = min(seg_hi, *(reach(p, max_scratch) for _m, p in built))
-            if top < seg_lo:
+            if any(top - top % size_multiple(p) < seg_lo for _m, p in built):  # no size of the part that it runs
                 ceiling = top
                 by_scratch = top < min(largest_message_size(p) for _m, p in built)
                 continue

@@ -349,12 +349,12 @@ def _op_shape(op: Op) -> tuple:
 
 def _users(gpu: GpuPlan) -> dict[tuple[str, int], tuple[tuple[int, int], ...]]:
     """Who uses each GPU-level channel: (threadblock id, place in its channel list) per
-    (type, index); operations name a channel by that place."""
+    (type, index); operations name a channel by that place, in the list `channel_list` reads."""
     users: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     for tb in gpu.threadblocks:
-        for c in tb.channels:
-            for k, i in enumerate(c.channel_ids):
-                users[c.channel_type, i].append((tb.id, k))
+        for t in ("memory", "port"):
+            for k, i in enumerate(tb.channel_list(t)):
+                users[t, i].append((tb.id, k))
     return {key: tuple(v) for key, v in users.items()}
 
 

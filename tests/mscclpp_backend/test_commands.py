@@ -185,7 +185,8 @@ def _context_scratch(plan_json: dict) -> int:
 def test_max_scratch_bounds_every_plans_scratch_and_leaves_larger_calls_to_nccl(tmp_path):
     budget = 128 << 20
     free, bounded = tmp_path / "free", tmp_path / "bounded"
-    base = ("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--algo", "hierarchical", "--sizes", "64MiB:1GiB")
+    base = ("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--algo", "hierarchical", "--proto", "Simple",
+            "--sizes", "64MiB:1GiB")
     assert run_hipipe(*base, "-o", free).returncode == 0
     done = run_hipipe(*base, "--max-scratch", "128MiB", "-o", bounded)
     assert done.returncode == 0, done.stderr
@@ -194,7 +195,7 @@ def test_max_scratch_bounds_every_plans_scratch_and_leaves_larger_calls_to_nccl(
     manifest = json.loads((bounded / ".hipipe" / "manifest.json").read_text())
     assert unbounded["max_scratch"] is None and manifest["max_scratch"] == budget
     assert max(e["scratch_bytes_per_context"] for e in unbounded["plans"]) > budget  # the bound binds
-    for e in unbounded["plans"]:  # docs/mscclpp.md: twice the largest call, per context
+    for e in unbounded["plans"]:  # docs/mscclpp.md: on dgx-h100-8x2, Simple, twice the largest call per context
         assert e["scratch_bytes_per_context"] == pytest.approx(2 * e["max_message_size"], rel=1e-6)
     top = max(e["max_message_size"] for e in manifest["plans"])
     assert top < max(e["max_message_size"] for e in unbounded["plans"])
@@ -214,6 +215,11 @@ def test_max_scratch_below_any_plans_need_or_on_xml_is_one_line_and_exit_2(tmp_p
                       "--max-scratch", "1MiB", "-o", out)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--max-scratch 1MiB" in done.stderr, done.stderr
     assert not out.exists()
+    # a budget under the smallest size the plan runs: nothing to serve, said the same way
+    done = run_hipipe("compile", "dgx-h100-8x2", "--backend", "mscclpp", "--algo", "hierarchical", "--proto", "LL",
+                      "--sizes", "1:1GiB", "--max-scratch", "1KiB", "-o", tmp_path / "tiny")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--max-scratch 1KiB" in done.stderr, done.stderr
+    assert not (tmp_path / "tiny").exists()
     done = run_hipipe("compile", "dgx-h100-8x2", "--algo", "hierarchical", "--size", "256MiB", "--max-scratch", "1GiB",
                       "-o", tmp_path / "x.xml")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--backend mscclpp" in done.stderr, done.stderr

@@ -15,7 +15,7 @@ from .files import check_output_path, write_atomic, writing
 from .handoff import against_nccl, fallbacks_against_nccl, kept, left
 from .msccl.runtime import Limits
 from .optimizer.workers import default_jobs
-from .mscclpp.plan import ExecutionPlan, largest_message_size
+from .mscclpp.plan import ExecutionPlan
 from .mscclpp.reader import read_plan
 from .sim.plans import time_plan
 from .msccl.verify.report import Collector
@@ -23,8 +23,8 @@ from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.verify.structure import check_structure
 from .mscclpp.writer import write_plan
 from .mscclpp.register import SYMMETRIC_MEMORY_ENV
-from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer, reach,
-                            size_multiple, write_plans_directory)
+from .plan_compiler import (base_manifest, compile_plans, node_size_of, plan_summary, plan_timer,
+                            scratch_binds, size_multiple, write_plans_directory)
 from .presets import load_topology
 from .sim import SimulationError
 from .units import format_size
@@ -92,7 +92,7 @@ def cmd_compile_plans(args: argparse.Namespace) -> int:
         if directory and served_to < hi:
             tops = [p for cp in compiled if cp.window.window.max_bytes == served_to for p in (*cp.plans, *cp.fallbacks)]
             why = (f"the plans' scratch per context would pass --max-scratch {format_size(args.max_scratch)}"
-                   if args.max_scratch is not None and any(reach(p, args.max_scratch) < largest_message_size(p) for p in tops)
+                   if scratch_binds(tops, args.max_scratch)
                    else "the plans' offsets would wrap the executor's uint32 there (their buffers or scratch pass 4 GiB; "
                    "mscclpp.md 6)")
             print(f"above {format_size(served_to)} the shim runs NCCL: {why}")

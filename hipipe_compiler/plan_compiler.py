@@ -148,7 +148,7 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
             top = min(seg_hi, *(reach(p, max_scratch) for _m, p in built))
             if any(top - top % size_multiple(p) < seg_lo for _m, p in built):  # no size of the part that it runs
                 ceiling = top
-                by_scratch = top < min(largest_message_size(p) for _m, p in built)
+                by_scratch = scratch_binds([p for _m, p in built], max_scratch)
                 continue
             names = {m: _name(topology, options.collective, index, seg_lo, top, m) for m, _p in built}
             plans = tuple(_part(p, names[m], m, seg_lo, top) for m, p in built)
@@ -169,6 +169,11 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                            else "the MSCCL++ executor's uint32 offsets wrap, as its buffers or scratch pass 4 GiB "
                                 "(mscclpp.md 6)"))
     return out
+
+
+def scratch_binds(plans: Sequence[ExecutionPlan], max_scratch: int | None) -> bool:
+    """Whether the scratch budget, not the executor's offsets, ends some plan's reach."""
+    return max_scratch is not None and any(reach(p, max_scratch) < largest_message_size(p) for p in plans)
 
 
 def reach(plan: ExecutionPlan, max_scratch: int | None = None) -> int:

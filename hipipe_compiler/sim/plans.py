@@ -66,7 +66,7 @@ class _Timer:
     each resource stands for its orbit (network.py)."""
 
     def __init__(self, plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool = False,
-                 orbits: bool = False) -> None:
+                 orbits: bool = False, roles: _Roles | None = None) -> None:
         if plan.ngpus != topology.nranks:
             raise SimulationError(f"the plan is for {plan.ngpus} ranks but the topology has {topology.nranks}", 2)
         inp, out = message_sizes(plan.collective, nbytes, plan.ngpus)
@@ -87,7 +87,7 @@ class _Timer:
         self.runs = [_Run(g.id, tb.id, [n for op in tb.ops for n in ((op,) if op.name != "pipeline" else op.ops)])
                      for g in (plan.gpus[:1] if orbits else plan.gpus) for tb in g.threadblocks]
         self.tb_plan = {(g.id, tb.id): tb for g in plan.gpus for tb in g.threadblocks}
-        self.roles = _Roles(plan)
+        self.roles = roles or _Roles(plan)
         self.pair = self.roles.pairs
         self.signals: dict[tuple, int] = defaultdict(int)  # arrived, not yet waited for
         self.semaphores: dict[tuple, int] = {(g.id, s): v for g in plan.gpus for s, v in enumerate(g.semaphores)}
@@ -410,14 +410,14 @@ def _gpu_shape(rank: int, roles: _Roles, topology: Topology) -> tuple:
     return gpu.input_chunks, gpu.output_chunks, gpu.scratch_chunks, gpu.semaphores, entries, blocks
 
 
-def symmetric(plan: ExecutionPlan, topology: Topology) -> bool:
+def symmetric(plan: ExecutionPlan, topology: Topology, roles: _Roles | None = None) -> bool:
     """True when every rank runs rank 0's plan shifted by its coordinates (peers, switch
     groups, operations, sizes and packet cells; table order and data offsets may differ):
     then timing rank 0 alone, each resource standing for its orbit, is exact."""
     if plan.ngpus != topology.nranks or plan.ngpus < 2 or any(g.id != i for i, g in enumerate(plan.gpus)):
         return False
     try:
-        roles = _Roles(plan)
+        roles = roles or _Roles(plan)
         first = _gpu_shape(0, roles, topology)
         return all(_gpu_shape(rank, roles, topology) == first for rank in range(1, plan.ngpus))
     except (KeyError, IndexError, ValueError):  # a table index out of range: the full run names it
@@ -431,9 +431,10 @@ def time_plan(plan: ExecutionPlan, topology: Topology, nbytes: int, record: bool
     operation among the rank's of that name, `reduce` True for a switch reduce, False for a
     multicast store and None for a put). `orbits` times rank 0 alone; by default, where that
     is exact (`symmetric`) and nothing is recorded."""
+    roles = _Roles(plan)  # the channels' pairs and users, once for the check and the run
     if orbits is None:
-        orbits = not record and symmetric(plan, topology)
-    timer = _Timer(plan, topology, nbytes, record, orbits)
+        orbits = not record and symmetric(plan, topology, roles)
+    timer = _Timer(plan, topology, nbytes, record, orbits, roles)
     time = timer.run()
     bound = lower_bound(topology, plan.collective, nbytes)
     busy = timer.net.busy_fractions(time)

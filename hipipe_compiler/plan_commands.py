@@ -8,6 +8,7 @@ import gc
 from dataclasses import replace
 from typing import Sequence
 
+from .collector import paused
 from .compiler import DTYPES, CompileOptions, Stopwatch
 from .console import print_json, report_violations, summary_table, verified
 from .errors import InputError
@@ -120,9 +121,11 @@ def _ranges(windows: Sequence[Window]) -> str:
 def _read(path: str) -> ExecutionPlan:
     """A plan to prove or time: its objects are then left out of the cycle collector's passes
     (a 1024-rank plan is millions of them, none in a cycle, each pass over them slower than
-    the proof's own work)."""
-    plan = read_plan(path)
-    gc.freeze()
+    the proof's own work). They are frozen before the collector resumes: its first pass would
+    otherwise walk them all."""
+    with paused():
+        plan = read_plan(path)
+        gc.freeze()
     return plan
 
 

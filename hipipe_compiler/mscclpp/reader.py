@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import json
+import marshal
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,6 +35,14 @@ MAX_INT = (1 << 64) - 1
 class _Reader:
     def __init__(self, source: str) -> None:
         self.source = source
+        #: Operations read so far, by their marshalled JSON: ranks repeat each other's operations
+        #: (a 1024-rank plan has 1.7 million and 40 thousand distinct), so each distinct one is
+        #: checked and built once and shared. Equal bytes mean equal values of equal types
+        #: (marshal tells 1 from true and from 1.0), so a repeat is exactly what was accepted.
+        self.ops: dict[bytes, Op] = {}
+        #: Threadblocks' operation lists by the identities of their (shared) operations, so that
+        #: ranks running the same list share it too and later passes can tell so at a glance.
+        self.op_lists: dict[tuple[int, ...], tuple[Op, ...]] = {}
 
     def fail(self, field: str, message: str) -> InputError:
         return InputError(self.source, field or None, message)
@@ -143,8 +152,17 @@ class _Reader:
             b = self.obj(b, where)
             refs.append(TbBuffers(self.str(b, "access_channel_type", where, choices=("memory", "port")),
                                   self.ints(b, "remote_buffer_ids", where)))
-        ops = tuple(self.op(o, f"{field}.ops[{i}]", True) for i, o in enumerate(self.list(doc.get("ops"), f"{field}.ops")))
+        ops = tuple([self.known_op(o, f"{field}.ops[{i}]") for i, o in enumerate(self.list(doc.get("ops"), f"{field}.ops"))])
+        ops = self.op_lists.setdefault(tuple(map(id, ops)), ops)
         return Threadblock(self.int(doc, "id", field), ops, tuple(channels), tuple(refs))
+
+    def known_op(self, doc: Any, field: str) -> Op:
+        """A threadblock's operation: the one already built from the same JSON, or a new one."""
+        key = marshal.dumps(doc)
+        op = self.ops.get(key)
+        if op is None:
+            op = self.ops[key] = self.op(doc, field, True)
+        return op
 
     def op(self, doc: Any, field: str, top: bool) -> Op:
         doc = self.obj(doc, field)

@@ -146,3 +146,25 @@ def test_without_escapes_a_count_of_quotes_finds_the_strings_as_the_regex_does(t
 
 def test_a_string_left_open_hides_the_brackets_after_it():
     assert _depth('[["a\\"]]') == 2 and _depth('[["a\\"[[[[') == 2 and _depth('{"x": "[[[') == 1
+
+
+def test_ranks_share_the_operations_they_repeat():
+    plan = read_plan_text(write_plan(_plan()))
+    ops = [op for g in plan.gpus for tb in g.threadblocks for op in tb.ops]
+    assert len({id(op) for op in ops}) == len(set(ops)) < len(ops)
+    lists = [tb.ops for g in plan.gpus for tb in g.threadblocks]
+    assert len({id(t) for t in lists}) == len(set(lists))
+
+
+@pytest.mark.parametrize("value", [True, 1.0, "1", [1]])
+def test_a_repeat_that_only_looks_equal_is_checked_afresh(value):
+    """1 == True == 1.0 in Python: an operation seen before with an integer must not let the
+    same operation with another type of value pass as a repeat."""
+    doc = _doc()
+    ops = doc["gpus"][1]["threadblocks"][0]["ops"]
+    twin = json.loads(json.dumps(next(op for op in ops if op.get("src_buff"))))
+    twin["src_buff"][0]["size"] = 1
+    ops += [dict(twin), json.loads(json.dumps(twin).replace('"size": 1', f'"size": {json.dumps(value)}'))]
+    with pytest.raises(InputError) as err:
+        read_plan_text(json.dumps(doc), "h.json")
+    assert err.value.field == f"gpus[1].threadblocks[0].ops[{len(ops) - 1}].src_buff[0].size"

@@ -40,9 +40,9 @@ class _Reader:
         #: checked and built once and shared. Equal bytes mean equal values of equal types
         #: (marshal tells 1 from true and from 1.0), so a repeat is exactly what was accepted.
         self.ops: dict[bytes, Op] = {}
-        #: Threadblocks' operation lists by the identities of their (shared) operations, so that
-        #: ranks running the same list share it too and later passes can tell so at a glance.
-        self.op_lists: dict[tuple[int, ...], tuple[Op, ...]] = {}
+        #: Threadblocks' operation lists, likewise: ranks running the same list share it, and
+        #: later passes can tell so at a glance.
+        self.op_lists: dict[bytes, tuple[Op, ...]] = {}
 
     def fail(self, field: str, message: str) -> InputError:
         return InputError(self.source, field or None, message)
@@ -152,8 +152,11 @@ class _Reader:
             b = self.obj(b, where)
             refs.append(TbBuffers(self.str(b, "access_channel_type", where, choices=("memory", "port")),
                                   self.ints(b, "remote_buffer_ids", where)))
-        ops = tuple([self.known_op(o, f"{field}.ops[{i}]") for i, o in enumerate(self.list(doc.get("ops"), f"{field}.ops"))])
-        ops = self.op_lists.setdefault(tuple(map(id, ops)), ops)
+        raw = self.list(doc.get("ops"), f"{field}.ops")
+        key = marshal.dumps(raw)
+        ops = self.op_lists.get(key)
+        if ops is None:
+            ops = self.op_lists[key] = tuple([self.known_op(o, f"{field}.ops[{i}]") for i, o in enumerate(raw)])
         return Threadblock(self.int(doc, "id", field), ops, tuple(channels), tuple(refs))
 
     def known_op(self, doc: Any, field: str) -> Op:

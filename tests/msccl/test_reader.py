@@ -138,3 +138,16 @@ def test_a_device_is_read_no_further_than_the_size_limit_and_libxml_messages_are
     with pytest.raises(InputError, match="malformed XML at line") as info:
         read_program(nul)
     assert "\n" not in str(info.value)
+
+
+def test_ranks_share_the_steps_they_repeat_and_a_changed_repeat_is_checked_afresh():
+    text = write_program(emitted(c1p(2), "allreduce"))
+    program = read_program(text.encode())
+    steps = [st for g in program.gpus for tb in g.threadblocks for st in tb.steps]
+    assert len({id(st) for st in steps}) == len(set(steps)) < len(steps)
+    elements = re.findall(r"<step [^>]*/>", text)
+    repeated = next(e for e in elements if elements.count(e) > 1)
+    last = text.rindex(repeated)
+    broken = text[:last] + repeated.replace(' cnt="', ' cnt="0', 1) + text[last + len(repeated):]
+    with pytest.raises(InputError, match="leading zero|plain decimal"):
+        read_program(broken.encode(), name="bad.xml")

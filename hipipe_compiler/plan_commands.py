@@ -120,9 +120,9 @@ def _ranges(windows: Sequence[Window]) -> str:
 
 def _read(path: str) -> ExecutionPlan:
     """A plan to prove or time: its objects are then left out of the cycle collector's passes
-    (a 1024-rank plan is millions of them, none in a cycle, each pass over them slower than
-    the proof's own work). They are frozen before the collector resumes: its first pass would
-    otherwise walk them all."""
+    (a 1024-rank plan is hundreds of thousands of them even with repeats shared, none in a
+    cycle, and the proof makes millions more). They are frozen before the collector resumes:
+    its first pass would otherwise walk them all."""
     with paused():
         plan = read_plan(path)
         gc.freeze()

@@ -13,16 +13,15 @@ hipipe_compiler.errors.InputError: <plan>: inplace: expected true or false, got 
 
 from __future__ import annotations
 
-import gc
 import json
 import marshal
 import re
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
+from ..collector import paused
 from ..errors import InputError
 from .plan import (BUFFER_TYPES, MAX_MESSAGE_SIZE, Channel, ExecutionPlan, GpuPlan, Op, Operand, RemoteBuffer,
                    TbBuffers, TbChannels, Threadblock)
@@ -266,25 +265,12 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
 def read_plan_text(text: str, source: str = "<plan>") -> ExecutionPlan:
     if _depth(text) > MAX_DEPTH:
         raise InputError(source, None, f"nested deeper than {MAX_DEPTH} levels; an execution plan needs 8")
-    with _no_cycle_collection():
+    with paused():  # a plan is millions of JSON values, none in a cycle: collections would walk them all
         try:
             doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:
             raise InputError(source, None, f"not valid JSON: {exc}") from None
         return _Reader(source).plan(doc)
-
-
-@contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """The cycle collector paused: a plan is millions of objects with no cycles, and each of
-    its passes over the growing heap cost more than the reading itself."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _reject_constant(name: str) -> Any:

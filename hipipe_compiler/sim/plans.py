@@ -395,19 +395,18 @@ def _tables(rank: int, roles: _Roles, topology: Topology) -> dict[str, list[tupl
     return out
 
 
-def _ops_shape(ops: tuple[Op, ...], shapes: dict[int, tuple]) -> tuple:
-    """A threadblock's operations' shapes, kept by the identity of the list and of each operation."""
+def _list_shape(ops: tuple[Op, ...], shapes: dict[int, tuple]) -> tuple:
+    """A threadblock's operations' shapes, once per list (by identity)."""
     if id(ops) not in shapes:
-        shapes[id(ops)] = tuple([shapes[id(op)] if id(op) in shapes else shapes.setdefault(id(op), _op_shape(op))
-                                 for op in ops])
+        shapes[id(ops)] = tuple(map(_op_shape, ops))
     return shapes[id(ops)]
 
 
 def _gpu_shape(rank: int, roles: _Roles, topology: Topology, shapes: dict[int, tuple]) -> tuple:
     """A rank's plan with every peer named by its shift from the rank, its tables in a
-    canonical order, and data offsets left out. `shapes` keeps each operation's shape by
-    identity: ranks share the operations they repeat (the reader builds each once), and
-    often whole lists of them."""
+    canonical order, and data offsets left out. `shapes` keeps each threadblock's operation
+    shapes by the list's identity: ranks share the lists they repeat (the reader builds each
+    once)."""
     gpu = roles.plan.gpus[rank]
     tables = _tables(rank, roles, topology)
     place = {t: {i: c for c, (_, i) in enumerate(entries)} for t, entries in tables.items()}
@@ -416,7 +415,7 @@ def _gpu_shape(rank: int, roles: _Roles, topology: Topology, shapes: dict[int, t
                                  for c in tb.channels),
                     tuple((b.access_channel_type, tuple(place["buffers"][i] for i in b.remote_buffer_ids))
                           for b in tb.remote_buffer_refs),
-                    _ops_shape(tb.ops, shapes)) for tb in gpu.threadblocks)
+                    _list_shape(tb.ops, shapes)) for tb in gpu.threadblocks)
     return gpu.input_chunks, gpu.output_chunks, gpu.scratch_chunks, gpu.semaphores, entries, blocks
 
 
@@ -428,7 +427,7 @@ def symmetric(plan: ExecutionPlan, topology: Topology, roles: _Roles | None = No
         return False
     try:
         roles = roles or _Roles(plan)
-        shapes: dict[int, tuple] = {}  # by id: the plan keeps every operation alive meanwhile
+        shapes: dict[int, tuple] = {}  # by id: the plan keeps every list alive meanwhile
         first = _gpu_shape(0, roles, topology, shapes)
         return all(_gpu_shape(rank, roles, topology, shapes) == first for rank in range(1, plan.ngpus))
     except (KeyError, IndexError, ValueError):  # a table index out of range: the full run names it

@@ -74,13 +74,17 @@ def _gpu(plan: ExecutionPlan, g: GpuPlan, out: Collector, passed: set[tuple]) ->
         for p in c.connected_to:
             if not 0 <= p < plan.ngpus or p == r:
                 out.add("channel-declaration", f"{c.channel_type} channel to rank {p}: expected another rank of the plan", r)
+    tables = {t: g.peers(t) for t in {c.channel_type for c in g.channels}}  # the gpu's, once for its threadblocks
+    tables["switch"] = g.switch_groups()
     for k, tb in enumerate(g.threadblocks):
         if tb.id != k:
             out.add("plan-field", f"threadblock {k} has id {tb.id}; emit ids 0..n-1 in array order", r, tb.id)
-        _threadblock(plan, g, tb, out, passed)
+        _threadblock(plan, g, tb, tables, out, passed)
 
 
-def _threadblock(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, out: Collector, passed: set[tuple]) -> None:
+def _threadblock(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, tables: dict[str, tuple], out: Collector,
+                 passed: set[tuple]) -> None:
+    """`tables`: the gpu's channel table of each type (its peers; (buffer, ranks) for switch)."""
     r = g.id
     flat = list(tb.flat_ops())
     if len(flat) > MAX_OPERATIONS:
@@ -88,7 +92,7 @@ def _threadblock(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, out: Collecto
     for c in tb.channels:
         if len(c.channel_ids) > MAX_CHANNELS:
             out.add("channel-limit", f"{len(c.channel_ids)} {c.channel_type} channels; at most {MAX_CHANNELS} per type", r, tb.id)
-        table = g.peers(c.channel_type) if c.channel_type != "switch" else g.switch_groups()
+        table = tables.get(c.channel_type, ())
         for i in c.channel_ids:
             if not 0 <= i < len(table):
                 out.add("channel-declaration", f"{c.channel_type} channel {i} is not declared by the gpu", r, tb.id)
@@ -101,7 +105,7 @@ def _threadblock(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, out: Collecto
                 out.add("buffer-declaration", f"remote buffer {i} is not declared by the gpu", r, tb.id)
             elif b.access_channel_type not in g.remote_buffers[i].access_channel_types:
                 out.add("buffer-declaration", f"remote buffer {i} is not declared for {b.access_channel_type} access", r, tb.id)
-    seen = (id(tb.ops), tb.channels, tb.remote_buffer_refs, _surroundings(plan, g, tb))
+    seen = (id(tb.ops), tb.channels, tb.remote_buffer_refs, _surroundings(plan, g, tb, tables["switch"]))
     if seen in passed:
         return
     found = len(out)
@@ -119,11 +123,12 @@ def _threadblock(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, out: Collecto
         passed.add(seen)
 
 
-def _surroundings(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock) -> tuple:
+def _surroundings(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock, table: tuple) -> tuple:
     """What the checks of a threadblock's operations read besides the operations and the
     threadblock's own lists: the gpu's counts, and the size of every peer buffer and switch
-    group the lists name. Ranks that run the same operations amid the same surroundings
-    pass alike: a 1024-rank plan is checked once per distinct threadblock, not 58 thousand times."""
+    group (of the gpu's `table`) the lists name. Ranks that run the same operations amid the
+    same surroundings pass alike: a 1024-rank plan is checked once per distinct threadblock,
+    not 58 thousand times."""
     def peer_buffer(ref: int) -> tuple | None:
         if not 0 <= ref < len(g.remote_buffers):
             return None
@@ -132,8 +137,6 @@ def _surroundings(plan: ExecutionPlan, g: GpuPlan, tb: Threadblock) -> tuple:
             return b.type, b.rank
         peer = plan.gpus[b.rank]
         return b.type, _chunks(plan, peer, b.type, False), _chunks(plan, peer, b.type, True)
-
-    table = g.switch_groups()
 
     def group(c: int) -> tuple | None:
         if not 0 <= c < len(table):

@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
+from functools import partial
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 
+from .background import Background
 from .errors import InputError, PlanError
 from .files import write_atomic, writing
 from .lower import lower, lowering_key
@@ -224,7 +226,6 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
     if planner is None:
         planner = hipipe_planner if options.algorithm == "hipipe" else baseline_planner
     windows = size_windows(min_bytes, max_bytes)
-    out: list[CompiledWindow] = []
     cache: dict[Any, Program | PlanError] = {}
 
     def lowered(plan: Plan) -> Program:
@@ -242,6 +243,22 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
 
     with watch.phase("plan"):
         plans = planner(topology, options, windows)
+    with Background[Report](options.jobs if options.check else 1) as proofs:
+        return _finished(topology, options, windows, plans, lowered, merge, watch, proofs, timed)
+
+
+def _finished(topology: Topology, options: CompileOptions, windows: Sequence[Window], plans: Sequence[tuple[Plan, dict]],
+              lowered: Callable[[Plan], Program], merge: bool, watch: Stopwatch, proofs: Background[Report],
+              timed: bool) -> list[CompiledWindow]:
+    """compile_range's windows lowered, merged, proven and timed. Each final program goes to
+    `proofs` as soon as the next window's lowering shows it final, so a child proves it while
+    the parent lowers on."""
+    out: list[CompiledWindow] = []
+
+    def prove(index: int) -> None:
+        if options.check:
+            proofs.submit(index, partial(verify, out[index].program, verify_options(options.limits)))
+
     for w, (plan, details) in zip(windows, plans):
         candidates = [plan, *details.pop("alternatives", ())]
         for index, candidate in enumerate(candidates):
@@ -260,20 +277,22 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
             out[-1] = replace(out[-1], window=merged, plan=plan.with_window(merged.min_bytes, merged.max_bytes),
                               program=program.with_window(merged.min_bytes, merged.max_bytes))
         else:
+            if out:
+                prove(len(out) - 1)
             out.append(CompiledWindow(w, plan, program.with_window(w.min_bytes, w.max_bytes), None, details))
+    if out:
+        prove(len(out) - 1)
+    if timed:
+        with watch.phase("predict"):
+            out = [replace(cw, details={**cw.details, **predict(cw, topology)}) for cw in out]
     for i, cw in enumerate(out):
-        report = None
         if options.check:
             # the FIFO model depends on the window's largest size, so each final window is proven
             with watch.phase("verify"):
-                report = verify(cw.program, verify_options(options.limits))
+                report = proofs.result(i)
             if not report.ok:
                 raise VerificationFailed(cw.window, report)
-        details = cw.details
-        if timed:
-            with watch.phase("predict"):
-                details = {**details, **predict(cw, topology)}
-        out[i] = replace(cw, report=report, details=details)
+            out[i] = replace(cw, report=report)
     return out
 
 

@@ -2,19 +2,23 @@
 
 import json
 import math
+import os
 from dataclasses import replace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from hipipe_compiler import compiler
+from hipipe_compiler.background import can_fork
 from hipipe_compiler.compiler import (
-    BUCKET_NCHUNKSPERLOOP, BUCKET_WINDOW, MANIFEST_DIR, CompileOptions, bucket_caps, check_divisible, compile_range,
-    write_directory,
+    BUCKET_NCHUNKSPERLOOP, BUCKET_WINDOW, MANIFEST_DIR, CompileOptions, VerificationFailed, bucket_caps, check_divisible,
+    compile_range, write_directory,
 )
 from hipipe_compiler.errors import InputError
 from hipipe_compiler.files import check_output_path, write_atomic
 from hipipe_compiler.msccl import read_program
+from hipipe_compiler.msccl.verify import Violation
 from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.presets import preset
 from hipipe_compiler.windows import WIDE_WINDOWS_FROM, Window, size_windows
@@ -45,6 +49,32 @@ def test_compiled_windows_tile_and_merge_identical_programs():
         assert (w.program.min_bytes, w.program.max_bytes) == (w.window.min_bytes, w.window.max_bytes)
         assert w.report is not None and w.report.ok
     assert len(out) < len(size_windows(1 << 10, 4 << 30))
+
+
+def test_proofs_in_children_give_the_parents_windows_and_reports(monkeypatch):
+    """With jobs, each final program is proven in a forked child while the next is lowered:
+    the windows, programs and reports are the ones a single process gets, and a proof that
+    fails in a child still stops the compile, naming its window."""
+    options = CompileOptions(algorithm="hierarchical", chunks=2)
+    alone = compile_range(preset("torus-4x4"), options, 1 << 10, 4 << 30)
+    together = compile_range(preset("torus-4x4"), replace(options, jobs=3), 1 << 10, 4 << 30)
+    assert [(w.window, w.program, w.report, w.details) for w in together] == \
+        [(w.window, w.program, w.report, w.details) for w in alone]
+    broken = alone[1].window
+    proven = compiler.verify
+
+    def fails_one(program, opts):
+        report = proven(program, opts)
+        if program.max_bytes != broken.max_bytes:
+            return report
+        return replace(report, violations=(Violation("semantics.result", f"planted in process {os.getpid()}"),))
+
+    monkeypatch.setattr(compiler, "verify", fails_one)
+    with pytest.raises(VerificationFailed, match="semantics.result") as failed:
+        compile_range(preset("torus-4x4"), replace(options, jobs=2), 1 << 10, 4 << 30)
+    assert failed.value.window == broken
+    proven_in = int(failed.value.report.violations[0].message.split()[-1])
+    assert (proven_in != os.getpid()) == can_fork()
 
 
 def test_size_must_divide_as_the_runtime_needs():

@@ -211,6 +211,11 @@ class Stopwatch:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
+#: The most memory proving a program takes per step, with room to spare (the pod's 1,024-rank
+#: programs take 0.7 kB).
+PROOF_BYTES_PER_STEP = 1024
+
+
 def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, max_bytes: int,
                   planner: Planner | None = None, merge: bool = True,
                   stopwatch: Stopwatch | None = None, timed: bool = True) -> list[CompiledWindow]:
@@ -257,7 +262,9 @@ def _finished(topology: Topology, options: CompileOptions, windows: Sequence[Win
 
     def prove(index: int) -> None:
         if options.check:
-            proofs.submit(index, partial(verify, out[index].program, verify_options(options.limits)))
+            program = out[index].program
+            proofs.submit(index, partial(verify, program, verify_options(options.limits)),
+                          program.nsteps * PROOF_BYTES_PER_STEP)
 
     for w, (plan, details) in zip(windows, plans):
         candidates = [plan, *details.pop("alternatives", ())]

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
+from .background import Background
 from .compiler import (CompiledWindow, CompileOptions, Planner, Stopwatch, VerificationFailed, compile_range,
                        hipipe_planner, window_summary, write_file_set)
 from .crossover import fastest_segments
@@ -52,6 +54,9 @@ PIPELINE_SHAPES = ((4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 2), (32, 2), 
 #: Chunks times ranks above which a pipeline is not tried: the simulator's time grows with both
 #: and with how much the chunks overlap, to minutes per size at 1 GiB beyond this.
 MAX_CHUNK_RANKS = 4096
+#: The most memory proving a plan takes per operation, with room to spare (a 32-rank plan at
+#: 1 GiB takes 8 kB).
+PROOF_BYTES_PER_OP = 12 * 1024
 #: Steps per threadblock the search is run again with where its pick does not fit the
 #: executor: a step becomes three to nine operations, and a threadblock runs at most 64.
 REFIT_STEPS = 8
@@ -132,12 +137,20 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen, max_scratch)
         if all(build is None for _s, build, _k in served[index]):
             break
+    with Background[Report](options.jobs if options.check else 1) as proofs:
+        out = _parts(topology, options, windows, bests, served, fallbacks, max_scratch, watch, proofs)
+        return [_proven(cp, proofs, watch) for cp in out] if options.check else out
+
+
+def _parts(topology: Topology, options: CompileOptions, windows: Sequence[CompiledWindow], bests: Sequence[Any],
+           served: Sequence[Sequence[Served]], fallbacks: bool, max_scratch: int | None, watch: Stopwatch,
+           proofs: Background[Report]) -> list[CompiledPlans]:
+    """compile_plans' parts of every window, their plans sent to `proofs` as they are built."""
     out = []
     ceiling = None  # where a part was left out: the largest size its plan's offsets (or scratch budget) allow
     by_scratch = False  # whether the scratch budget set it
-    proven: dict[tuple[ExecutionPlan, bool], Report] = {}
     for index, (cw, best) in enumerate(zip(windows, bests)):
-        lo, hi = cw.window.min_bytes, cw.window.max_bytes
+        hi = cw.window.max_bytes
         program, plan, result, size, schedule = best.program, best.plan, best.result, best.size, best.schedule
         # in-switch plans take the parts of the window where they are faster; the GPU-side plan the rest
         starts = [start for start, _b, _t in served[index]] + [hi + 1]
@@ -160,7 +173,7 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                     and reach(plan, max_scratch) >= top):
                 backup = tuple(_part(plan, f"{names[m]}-fallback", m, seg_lo, top) for m in _modes(program))
             done = _finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=top), program,
-                           plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch, proven,
+                           plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch, proofs,
                            backup)
             out.append(replace(done, times={**known, at: timed}, fallbacks=backup))
     if not out:
@@ -256,22 +269,16 @@ def _searched_again(topology: Topology, options: CompileOptions, window: Any, st
 
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,
             plans: tuple[ExecutionPlan, ...], result: Any, size: int, schedule: Any, stand_in: bool, switched: bool,
-            watch: Stopwatch, proven: dict[tuple[ExecutionPlan, bool], Report],
+            watch: Stopwatch, proofs: Background[Report],
             fallbacks: tuple[ExecutionPlan, ...] = ()) -> CompiledPlans:
-    """One window's plans (and fallbacks) proven, and what the summary says of them. `proven`
-    keeps each proof by the plan without its name and sizes, which the proof does not read: a
-    plan that serves several parts of a directory is proven once."""
+    """One window's plans (and fallbacks) sent to `proofs` (collected by `_proven`), and what
+    the summary says of them."""
     plan = plans[0]
-    report = Report((), ())
     if options.check:
-        with watch.phase("verify"):
-            for p in fallbacks + plans:  # the report kept is the plans'
-                key = (replace(p, name="-", min_message_size=0, max_message_size=0), program.inplace)
-                if key not in proven:
-                    proven[key] = verify_plan(p, layouts_of(p, aliased=program.inplace))
-                report = proven[key]
-                if not report.ok:
-                    raise VerificationFailed(window, report)
+        for p in fallbacks + plans:
+            proofs.submit(_proof_key(p, program.inplace), partial(verify_plan, p, layouts_of(p, aliased=program.inplace)),
+                          sum(1 for g in p.gpus for tb in g.threadblocks for _op in tb.flat_ops()) * PROOF_BYTES_PER_OP)
+    report = Report((), ())
     with watch.phase("predict"):
         xml = simulate_program(program, topology, size)
     details = {"predicted_at_bytes": size, "predicted_us": result.time_us, "busbw_GBps": result.busbw_GBps,
@@ -298,6 +305,24 @@ def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, win
     compiled = replace(cw, window=window, program=program, plan=schedule, report=report,
                        details={**{k: v for k, v in cw.details.items() if k not in details}, **details})
     return CompiledPlans(compiled, program, plans, report, details)
+
+
+def _proof_key(plan: ExecutionPlan, inplace: bool) -> tuple[ExecutionPlan, bool]:
+    """What a plan's proof reads: not its name and sizes, so a plan that serves several parts
+    of a directory is proven once."""
+    return replace(plan, name="-", min_message_size=0, max_message_size=0), inplace
+
+
+def _proven(cp: CompiledPlans, proofs: Background[Report], watch: Stopwatch) -> CompiledPlans:
+    """A part with the proof of its plans (the report kept is the last plan's, after its
+    fallbacks'); VerificationFailed names the part of the first that fails."""
+    report = cp.report
+    with watch.phase("verify"):
+        for p in cp.fallbacks + cp.plans:
+            report = proofs.result(_proof_key(p, cp.program.inplace))
+            if not report.ok:
+                raise VerificationFailed(cp.window.window, report)
+    return replace(cp, report=report, window=replace(cp.window, report=report))
 
 
 Builder = Callable[[bool], ExecutionPlan]

@@ -20,7 +20,7 @@ def _in_child(parent: int) -> bool:
 
 @needs_fork
 @settings(max_examples=8, deadline=None)
-@given(st.integers(1, 3), st.lists(st.integers(-50, 50), min_size=1, max_size=6))
+@given(st.integers(1, 4), st.lists(st.integers(-50, 50), min_size=1, max_size=6))
 def test_children_give_what_the_parent_would(jobs, values):
     parent = os.getpid()
     with Background[tuple](jobs) as work:
@@ -29,7 +29,8 @@ def test_children_give_what_the_parent_would(jobs, values):
             assert len(work.running) <= (jobs if jobs > 1 else 0)
         results = [work.result(i) for i in range(len(values))]
     assert [r[0] for r in results] == [v * v for v in values]
-    assert all(r[1] for r in results) == (jobs > 1)  # with one job, nothing is forked
+    assert results[0][1] == (jobs > 1)  # with one job, nothing is forked; else the first starts at once
+    assert not work.running and not work.waiting
 
 
 @needs_fork
@@ -68,7 +69,7 @@ def test_closing_stops_the_children_still_running():
     parent = os.getpid()
     work = Background[int](2)
     work.submit("slow", lambda: time.sleep(600) if _in_child(parent) else 0)
-    (child, _pipe), = work.running.values()
+    (child, _pipe, _footprint), = work.running.values()
     start = time.monotonic()
     work.close()
     assert time.monotonic() - start < 60 and not child.is_alive() and not work.running
@@ -89,3 +90,64 @@ def test_no_child_is_forked_while_another_thread_runs(monkeypatch):
         thread.join()
     monkeypatch.setattr(background.sys, "platform", "darwin")
     assert not can_fork()
+
+
+@needs_fork
+def test_a_child_is_forked_only_where_memory_leaves_room_for_its_footprint(monkeypatch):
+    monkeypatch.setattr(background, "available_memory", lambda: 10)
+    parent = os.getpid()
+    with Background[bool](2) as work:
+        work.submit("too large", lambda: _in_child(parent), footprint=11)
+        assert not work.running
+        work.submit("fits", lambda: _in_child(parent), footprint=6)
+        assert list(work.running) == ["fits"]
+        work.submit("fits once the first is done", lambda: _in_child(parent), footprint=6)
+        assert list(work.running) == ["fits"] and list(work.waiting) == ["too large", "fits once the first is done"]
+        work.running["fits"][0].join(60)
+        assert work.result("fits")
+        assert list(work.running) == ["fits once the first is done"]  # started as the first was collected
+        assert [work.result(k) for k in ("fits once the first is done", "too large")] == [True, False]
+
+
+@needs_fork
+def test_while_a_child_runs_the_parent_takes_the_last_queued_work():
+    parent = os.getpid()
+    a, b = os.pipe(), os.pipe()
+
+    def release() -> bool:
+        os.write(a[1], b"x")
+        os.write(b[1], b"x")
+        return _in_child(parent)
+
+    with Background[bool](2) as work:
+        work.submit("waits for a", lambda: os.read(a[0], 1) == b"x" and _in_child(parent))
+        work.submit("waits for b", lambda: os.read(b[0], 1) == b"x" and _in_child(parent))
+        work.submit("queued first", lambda: _in_child(parent))
+        work.submit("fails", lambda: 1 // 0)
+        work.submit("queued last", release)
+        assert list(work.running) == ["waits for a", "waits for b"]
+        # the parent does the last queued work, which lets the children finish, then collects the first
+        assert work.result("waits for a")
+        assert work.result("queued last") is False
+        assert work.result("waits for b") and work.result("queued first") in (True, False)
+        with pytest.raises(ZeroDivisionError):  # whoever did it, its error reaches the one who asks for it
+            work.result("fails")
+
+
+@needs_fork
+def test_the_parent_takes_queued_work_only_where_memory_leaves_room(monkeypatch):
+    monkeypatch.setattr(background, "available_memory", lambda: 10)
+    parent = os.getpid()
+    release = os.pipe()
+    with Background[bool](2) as work:
+        work.submit("waits", lambda: os.read(release[0], 1) == b"x" and _in_child(parent), footprint=4)
+        work.submit("too large beside it", lambda: os.write(release[1], b"x") == 1 and _in_child(parent), footprint=7)
+        assert list(work.running) == ["waits"] and list(work.waiting) == ["too large beside it"]
+        os.write(release[1], b"x")
+        assert work.result("waits")  # waited for its child rather than take the other work
+        assert list(work.running) == ["too large beside it"]
+        assert work.result("too large beside it")
+
+
+def test_the_machine_reports_some_memory_free():
+    assert 0 < background.available_memory() < 1 << 50

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
+import pytest
+
 from hipipe_compiler import plan_compiler
-from hipipe_compiler.compiler import CompileOptions
+from hipipe_compiler.background import can_fork
+from hipipe_compiler.compiler import CompileOptions, VerificationFailed
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.msccl.runtime import Limits
+from hipipe_compiler.msccl.verify import Violation
 from hipipe_compiler.plan_compiler import compile_plans, time_plan, timed_size
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.presets import preset
@@ -49,3 +54,31 @@ def test_where_the_pick_does_not_fit_the_search_runs_again_for_shorter_threadblo
         except PlanError:
             continue
         assert cp.details["predicted_us"] < time_plan(plan, topo, timed_size(plan, size)).time_us
+
+
+def test_plans_proven_in_children_give_the_parents_parts_and_reports(monkeypatch):
+    """With jobs, the plans (and fallbacks) are proven in forked children while the next
+    parts are built: the parts and reports are a single process's, and a proof that fails in
+    a child stops the compile, naming its part."""
+    topo, lo, hi = preset("dgx-h100-8x1"), 4 << 20, 64 << 20
+    options = CompileOptions(collective="allreduce")
+    alone = compile_plans(topo, options, lo, hi, fallbacks=True)
+    together = compile_plans(topo, replace(options, jobs=3), lo, hi, fallbacks=True)
+    assert [(cp.window.window, cp.plans, cp.fallbacks, cp.report) for cp in together] == \
+        [(cp.window.window, cp.plans, cp.fallbacks, cp.report) for cp in alone]
+    assert all(cp.report.ok for cp in alone) and any(cp.fallbacks for cp in alone)
+    broken = alone[0]  # its first plan is the first proof to start, in a child
+    proven = plan_compiler.verify_plan
+
+    def fails_one(plan, layouts):
+        report = proven(plan, layouts)
+        if plan.name != (broken.fallbacks + broken.plans)[0].name:
+            return report
+        return replace(report, violations=(Violation("semantics.result", f"planted in process {os.getpid()}"),))
+
+    monkeypatch.setattr(plan_compiler, "verify_plan", fails_one)
+    with pytest.raises(VerificationFailed) as failed:
+        compile_plans(topo, replace(options, jobs=2), lo, hi, fallbacks=True)
+    assert failed.value.window == broken.window.window
+    proven_in = int(failed.value.report.violations[0].message.split()[-1])
+    assert (proven_in != os.getpid()) == can_fork()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from functools import partial
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Sequence
 

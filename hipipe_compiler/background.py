@@ -26,20 +26,32 @@ T = TypeVar("T")
 
 def can_fork() -> bool:
     """Whether a child may be forked here: Linux, from a process with one thread (a lock
-    another thread held at the fork would stay held in the child)."""
-    return sys.platform == "linux" and threading.active_count() == 1
+    another thread held at the fork would stay held in the child) that is not itself a
+    daemonic worker (which multiprocessing forbids to have children)."""
+    return (sys.platform == "linux" and threading.active_count() == 1
+            and not multiprocessing.current_process().daemon)
 
 
 def available_memory() -> int:
-    """Bytes the machine can still give without swapping (MemAvailable; free pages where the
-    kernel does not say)."""
+    """Bytes this process can still take without swapping: the machine's MemAvailable (free
+    pages where the kernel does not say), or less where a cgroup (a container, a Slurm job)
+    caps its memory."""
+    free = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                free = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if free is None:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        cap = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if cap != "max":
+            free = min(free, int(cap) - int(Path("/sys/fs/cgroup/memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return free
 
 
 def _child(work: Callable[[], Any], conn: Connection) -> None:
@@ -67,6 +79,11 @@ class Background(Generic[T]):
         self.running: dict[Hashable, tuple[Any, Connection, int]] = {}  # (child, pipe, footprint), in start order
         self.done: dict[Hashable, T] = {}
         self.frozen = gc.get_freeze_count()  # objects frozen before: ours then stay frozen too (collector.settling)
+        self.froze = False
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether work was submitted under key."""
+        return key in self.work
 
     def submit(self, key: Hashable, work: Callable[[], T], footprint: int = 0) -> None:
         """Queue `work`; it starts in a child as soon as fewer than `jobs` run and the memory
@@ -108,7 +125,7 @@ class Background(Generic[T]):
             child.join()
             receive.close()
         self.running.clear()
-        if self.frozen == 0:
+        if self.froze and self.frozen == 0:
             gc.unfreeze()
 
     def __enter__(self) -> Background[T]:
@@ -130,12 +147,23 @@ class Background(Generic[T]):
             for stream in (sys.stdout, sys.stderr):  # else the child would write the parent's buffered text again
                 stream.flush()
             # else the parent's collections would write to every object it shares with the child, and the
-            # kernel would copy every page of its heap after each fork
+            # kernel would copy every page of its heap after each fork (as collector.settling does)
+            gc.collect()
             gc.freeze()
-            receive, send = multiprocessing.Pipe(duplex=False)
-            child = multiprocessing.get_context("fork").Process(target=_child, args=(self.work[key], send), daemon=True)
-            child.start()
-            send.close()
+            self.froze = True
+            try:
+                receive, send = multiprocessing.Pipe(duplex=False)
+            except OSError:
+                return  # no descriptors left: the parent does this work, and the rest, itself
+            try:
+                child = multiprocessing.get_context("fork").Process(target=_child, args=(self.work[key], send),
+                                                                    daemon=True)
+                child.start()
+            except OSError:  # no memory or processes left for a child: the parent does it
+                receive.close()
+                continue
+            finally:
+                send.close()
             self.running[key] = (child, receive, footprint)
 
     def _fits(self, footprint: int) -> bool:
@@ -146,8 +174,11 @@ class Background(Generic[T]):
         child, receive, _footprint = self.running.pop(key)
         try:
             self.done[key] = receive.recv()  # before join: a large result fills the pipe until it is read
-        except (EOFError, OSError):
-            pass  # no result: `result` does the work here
+        except Exception:  # noqa: BLE001 - no result (the child died, or sent what does not load): `result` does the work
+            pass
+        except BaseException:  # interrupted: the child must not outlive the wait
+            child.kill()
+            raise
         finally:
             receive.close()
             child.join()

@@ -48,6 +48,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         from .compiler import hipipe_planner
+        # tqdm's monitor thread outlives the bar, and a process with a second thread forks no workers or proofs
+        tqdm.monitor_interval = 0
         bar = tqdm(desc="planning windows", unit="window", leave=False)
 
         def progress(done: int, total: int) -> None:

@@ -224,7 +224,8 @@ def compile_range(topology: Topology, options: CompileOptions, min_bytes: int, m
     Every final program is proven by the verifier at its own window's largest size, and
     timed by the simulator at the window's largest size for the summary (`timed` False: not,
     for a backend that times its own translation). `stopwatch` (if given) gets the seconds
-    spent planning, lowering, verifying and predicting.
+    spent planning, lowering, verifying (proving, or waiting for the children that prove:
+    options.jobs) and predicting.
     """
     watch = stopwatch or Stopwatch()
     check_options(topology, options)
@@ -289,17 +290,17 @@ def _finished(topology: Topology, options: CompileOptions, windows: Sequence[Win
             out.append(CompiledWindow(w, plan, program.with_window(w.min_bytes, w.max_bytes), None, details))
     if out:
         prove(len(out) - 1)
-    if timed:
-        with watch.phase("predict"):
-            out = [replace(cw, details={**cw.details, **predict(cw, topology)}) for cw in out]
     for i, cw in enumerate(out):
-        if options.check:
+        if options.check:  # every proof before any prediction: a broken program gets the verifier's report
             # the FIFO model depends on the window's largest size, so each final window is proven
             with watch.phase("verify"):
                 report = proofs.result(i)
             if not report.ok:
                 raise VerificationFailed(cw.window, report)
             out[i] = replace(cw, report=report)
+    if timed:
+        with watch.phase("predict"):
+            out = [replace(cw, details={**cw.details, **predict(cw, topology)}) for cw in out]
     return out
 
 

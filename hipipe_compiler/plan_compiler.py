@@ -40,6 +40,7 @@ from .sim.plans import symmetric, time_plan
 from .sim.simulate import SimResult
 from .topology import Topology
 from .units import format_size
+from .windows import Window
 
 #: The MSCCL++ commit whose executor the plans are written for (mscclpp.md).
 MSCCLPP_COMMIT = "1f5f065d"
@@ -137,15 +138,24 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen, max_scratch)
         if all(build is None for _s, build, _k in served[index]):
             break
+    owners: dict[tuple[ExecutionPlan, bool], Window] = {}  # each proof's part, in the order they were sent
     with Background[Report](options.jobs if options.check else 1) as proofs:
-        out = _parts(topology, options, windows, bests, served, fallbacks, max_scratch, watch, proofs)
+        try:
+            out = _parts(topology, options, windows, bests, served, fallbacks, max_scratch, watch, proofs, owners)
+        except Exception:  # a broken plan met later (a simulation, a part) gets the verifier's report first
+            with watch.phase("verify"):
+                for key, window in owners.items():
+                    if not (report := proofs.result(key)).ok:
+                        raise VerificationFailed(window, report) from None
+            raise
         return [_proven(cp, proofs, watch) for cp in out] if options.check else out
 
 
 def _parts(topology: Topology, options: CompileOptions, windows: Sequence[CompiledWindow], bests: Sequence[Any],
            served: Sequence[Sequence[Served]], fallbacks: bool, max_scratch: int | None, watch: Stopwatch,
-           proofs: Background[Report]) -> list[CompiledPlans]:
-    """compile_plans' parts of every window, their plans sent to `proofs` as they are built."""
+           proofs: Background[Report], owners: dict[tuple[ExecutionPlan, bool], Window]) -> list[CompiledPlans]:
+    """compile_plans' parts of every window, their plans sent to `proofs` (and the part each
+    proof is for to `owners`) as they are built."""
     out = []
     ceiling = None  # where a part was left out: the largest size its plan's offsets (or scratch budget) allow
     by_scratch = False  # whether the scratch budget set it
@@ -172,9 +182,17 @@ def _parts(topology: Topology, options: CompileOptions, windows: Sequence[Compil
             if (fallbacks and build is not None and any(p.needs_symmetric_memory for p in plans)
                     and reach(plan, max_scratch) >= top):
                 backup = tuple(_part(plan, f"{names[m]}-fallback", m, seg_lo, top) for m in _modes(program))
-            done = _finish(topology, options, cw, replace(cw.window, min_bytes=seg_lo, max_bytes=top), program,
-                           plans, timed, at, schedule, best.stand_in and build is None, build is not None, watch, proofs,
-                           backup)
+            part = replace(cw.window, min_bytes=seg_lo, max_bytes=top)
+            if options.check:
+                for p in backup + plans:
+                    key = _proof_key(p, program.inplace)
+                    owners.setdefault(key, part)
+                    if key not in proofs:
+                        proofs.submit(key, partial(verify_plan, p, layouts_of(p, aliased=program.inplace)),
+                                      sum(1 for g in p.gpus for tb in g.threadblocks for _op in tb.flat_ops())
+                                      * PROOF_BYTES_PER_OP)
+            done = _finish(topology, options, cw, part, program, plans, timed, at, schedule,
+                           best.stand_in and build is None, build is not None, watch, backup)
             out.append(replace(done, times={**known, at: timed}, fallbacks=backup))
     if not out:
         raise PlanError(f"the plan serves at most {format_size(ceiling or 0)} ({ceiling} bytes): above it "
@@ -269,15 +287,9 @@ def _searched_again(topology: Topology, options: CompileOptions, window: Any, st
 
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,
             plans: tuple[ExecutionPlan, ...], result: Any, size: int, schedule: Any, stand_in: bool, switched: bool,
-            watch: Stopwatch, proofs: Background[Report],
-            fallbacks: tuple[ExecutionPlan, ...] = ()) -> CompiledPlans:
-    """One window's plans (and fallbacks) sent to `proofs` (collected by `_proven`), and what
-    the summary says of them."""
+            watch: Stopwatch, fallbacks: tuple[ExecutionPlan, ...] = ()) -> CompiledPlans:
+    """One window's part (its plans proven apart, by `_proven`), and what the summary says of it."""
     plan = plans[0]
-    if options.check:
-        for p in fallbacks + plans:
-            proofs.submit(_proof_key(p, program.inplace), partial(verify_plan, p, layouts_of(p, aliased=program.inplace)),
-                          sum(1 for g in p.gpus for tb in g.threadblocks for _op in tb.flat_ops()) * PROOF_BYTES_PER_OP)
     report = Report((), ())
     with watch.phase("predict"):
         xml = simulate_program(program, topology, size)

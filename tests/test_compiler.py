@@ -21,6 +21,7 @@ from hipipe_compiler.msccl import read_program
 from hipipe_compiler.msccl.verify import Violation
 from hipipe_compiler.optimizer import Knobs, build_plan
 from hipipe_compiler.presets import preset
+from hipipe_compiler.sim.simulate import SimulationError
 from hipipe_compiler.windows import WIDE_WINDOWS_FROM, Window, size_windows
 
 from conftest import topologies, c1p
@@ -75,6 +76,17 @@ def test_proofs_in_children_give_the_parents_windows_and_reports(monkeypatch):
     assert failed.value.window == broken
     proven_in = int(failed.value.report.violations[0].message.split()[-1])
     assert (proven_in != os.getpid()) == can_fork()
+
+    # a later window that the simulator cannot time still gets the verifier's report of the broken one first
+    def deadlocks(program, topology, nbytes, *args, **kwargs):
+        raise SimulationError("deadlock: planted")
+
+    monkeypatch.setattr(compiler, "simulate_exact", deadlocks)
+    with pytest.raises(VerificationFailed, match="semantics.result"):
+        compile_range(preset("torus-4x4"), replace(options, jobs=2), 1 << 10, 4 << 30)
+    monkeypatch.setattr(compiler, "verify", proven)
+    with pytest.raises(SimulationError, match="planted"):
+        compile_range(preset("torus-4x4"), replace(options, jobs=2), 1 << 10, 4 << 30)
 
 
 def test_size_must_divide_as_the_runtime_needs():

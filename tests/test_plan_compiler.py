@@ -17,6 +17,7 @@ from hipipe_compiler.plan_compiler import compile_plans, time_plan, timed_size
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
+from hipipe_compiler.sim.simulate import SimulationError
 
 
 def test_the_fastest_hierarchical_schedule_that_fits_stands_in_not_the_first(monkeypatch):
@@ -82,3 +83,15 @@ def test_plans_proven_in_children_give_the_parents_parts_and_reports(monkeypatch
     assert failed.value.window == broken.window.window
     proven_in = int(failed.value.report.violations[0].message.split()[-1])
     assert (proven_in != os.getpid()) == can_fork()
+
+    # a later part that the simulator cannot time still gets the verifier's report of the broken plan first
+    def deadlocks(program, topology, nbytes):
+        raise SimulationError("deadlock: planted")
+
+    monkeypatch.setattr(plan_compiler, "simulate_program", deadlocks)
+    with pytest.raises(VerificationFailed) as failed:
+        compile_plans(topo, replace(options, jobs=2), lo, hi, fallbacks=True)
+    assert failed.value.window == broken.window.window
+    monkeypatch.setattr(plan_compiler, "verify_plan", proven)
+    with pytest.raises(SimulationError, match="planted"):
+        compile_plans(topo, replace(options, jobs=2), lo, hi, fallbacks=True)

@@ -12,14 +12,16 @@ out of memory or was killed), the parent does the work itself.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import sys
 import threading
+from contextlib import ExitStack
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Callable, Generic, Hashable, TypeVar
+
+from .collector import settling
 
 T = TypeVar("T")
 
@@ -78,8 +80,8 @@ class Background(Generic[T]):
         self.waiting: dict[Hashable, int] = {}  # work not started yet: its footprint, in submit order
         self.running: dict[Hashable, tuple[Any, Connection, int]] = {}  # (child, pipe, footprint), in start order
         self.done: dict[Hashable, T] = {}
-        self.frozen = gc.get_freeze_count()  # objects frozen before: ours then stay frozen too (collector.settling)
-        self.froze = False
+        self.stack = ExitStack()  # collector.settling, left by close
+        self.settle = self.stack.enter_context(settling())
 
     def __contains__(self, key: Hashable) -> bool:
         """Whether work was submitted under key."""
@@ -125,8 +127,7 @@ class Background(Generic[T]):
             child.join()
             receive.close()
         self.running.clear()
-        if self.froze and self.frozen == 0:
-            gc.unfreeze()
+        self.stack.close()
 
     def __enter__(self) -> Background[T]:
         return self
@@ -147,10 +148,8 @@ class Background(Generic[T]):
             for stream in (sys.stdout, sys.stderr):  # else the child would write the parent's buffered text again
                 stream.flush()
             # else the parent's collections would write to every object it shares with the child, and the
-            # kernel would copy every page of its heap after each fork (as collector.settling does)
-            gc.collect()
-            gc.freeze()
-            self.froze = True
+            # kernel would copy every page of its heap after each fork
+            self.settle()
             try:
                 receive, send = multiprocessing.Pipe(duplex=False)
             except OSError:

@@ -103,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: no bound)")
     p.add_argument("--jobs", "-j", type=integer_option("--jobs", 1, 256),
                    help=f"processes that simulate the candidates the search is about to judge (hipipe) and prove each "
-                   f"window's final program while the next is lowered; the programs do not depend on it (default: $HIPIPE_JOBS, else the usable cores, at most {MAX_JOBS}; 1: none besides "
-                   "this one)")
+                   f"window's final program while the next is lowered; the programs do not depend on it (default: "
+                   f"$HIPIPE_JOBS, else the usable cores, at most {MAX_JOBS}; 1: none besides this one)")
     p.add_argument("-o", "--output", required=True, help="output file (--size) or directory (--sizes)")
     p.add_argument("--quiet", action="store_true", help="print nothing on success")
     p.add_argument("--json", action="store_true", help="print the per-window summary as JSON")

@@ -143,12 +143,16 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         try:
             out = _parts(topology, options, windows, bests, served, fallbacks, max_scratch, watch, proofs, owners)
         except Exception:  # a broken plan met later (a simulation, a part) gets the verifier's report first
-            with watch.phase("verify"):
-                for key, window in owners.items():
-                    if not (report := proofs.result(key)).ok:
-                        raise VerificationFailed(window, report) from None
+            _first_failure(proofs, owners, watch)
             raise
-        return [_proven(cp, proofs, watch) for cp in out] if options.check else out
+        if not options.check:
+            return out
+        _first_failure(proofs, owners, watch)
+        proven = []
+        for cp in out:  # the report kept is the last plan's, after its fallbacks'
+            report = proofs.result(_proof_key(cp.plans[-1], cp.program.inplace))
+            proven.append(replace(cp, report=report, window=replace(cp.window, report=report)))
+        return proven
 
 
 def _parts(topology: Topology, options: CompileOptions, windows: Sequence[CompiledWindow], bests: Sequence[Any],
@@ -288,7 +292,7 @@ def _searched_again(topology: Topology, options: CompileOptions, window: Any, st
 def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, window: Any, program: Program,
             plans: tuple[ExecutionPlan, ...], result: Any, size: int, schedule: Any, stand_in: bool, switched: bool,
             watch: Stopwatch, fallbacks: tuple[ExecutionPlan, ...] = ()) -> CompiledPlans:
-    """One window's part (its plans proven apart, by `_proven`), and what the summary says of it."""
+    """One window's part (its plans proven apart, sent by `_parts`), and what the summary says of it."""
     plan = plans[0]
     report = Report((), ())
     with watch.phase("predict"):
@@ -325,16 +329,14 @@ def _proof_key(plan: ExecutionPlan, inplace: bool) -> tuple[ExecutionPlan, bool]
     return replace(plan, name="-", min_message_size=0, max_message_size=0), inplace
 
 
-def _proven(cp: CompiledPlans, proofs: Background[Report], watch: Stopwatch) -> CompiledPlans:
-    """A part with the proof of its plans (the report kept is the last plan's, after its
-    fallbacks'); VerificationFailed names the part of the first that fails."""
-    report = cp.report
+def _first_failure(proofs: Background[Report], owners: dict[tuple[ExecutionPlan, bool], Window],
+                   watch: Stopwatch) -> None:
+    """VerificationFailed for the first proof, in the order they were sent, that fails,
+    naming the first part its plan serves."""
     with watch.phase("verify"):
-        for p in cp.fallbacks + cp.plans:
-            report = proofs.result(_proof_key(p, cp.program.inplace))
-            if not report.ok:
-                raise VerificationFailed(cp.window.window, report)
-    return replace(cp, report=report, window=replace(cp.window, report=report))
+        for key, part in owners.items():
+            if not (report := proofs.result(key)).ok:
+                raise VerificationFailed(part, report) from None
 
 
 Builder = Callable[[bool], ExecutionPlan]

@@ -459,27 +459,46 @@ def test_a_window_of_one_size_reaches_further_than_a_wider_one(monkeypatch):
     assert seen[False] <= {("fan", search_module.RANGED_FAN_CHUNKS), ("tilt", False)}
 
 
-def test_a_window_of_one_size_spends_its_larger_budget_after_one_budgets_search(monkeypatch):
-    """A window of one size searches as one budget would, then spends the rest of its
-    ONE_SIZE_BUDGET_SCALE budgets descending further: it builds every plan the smaller search
-    builds, in the same order, then more, and picks no slower a plan."""
-    monkeypatch.setattr(search_module, "BUDGET", 10)
-    real = search_module.build_plan
+def _built_in_one_size_window(monkeypatch, topo, size: int, reach) -> tuple[list[Knobs], float]:
+    """The knobs of every plan a window of one size builds, in order, and its pick's time."""
+    real = getattr(search_module.build_plan, "__wrapped__", search_module.build_plan)
     built: list[Knobs] = []
 
     def recording(topo, coll, lo, hi, knobs, nominal=None):
         built.append(knobs)
         return real(topo, coll, lo, hi, knobs, nominal)
 
+    recording.__wrapped__ = real  # type: ignore[attr-defined]
     monkeypatch.setattr(search_module, "build_plan", recording)
+    choice = optimize_window(Search(topo, "allreduce"), size, size, reach=reach)
+    return built, choice.times_us[0]
+
+
+@pytest.mark.parametrize("smaller,larger", [
+    ({"budget_scale": 1, "far_share": 0.0}, {"far_share": 0.0}),  # the larger budget
+    ({"far_share": 0.0}, {}),  # then the descents far from the others'
+])
+def test_a_window_of_one_size_spends_its_larger_budget_after_one_budgets_search(monkeypatch, smaller, larger):
+    """A window of one size searches as one budget would, then spends the rest of its
+    ONE_SIZE_BUDGET_SCALE budgets descending further, then FAR_BUDGET_SHARE of a budget on
+    descents from plans no descent came near: each stage builds every plan the stages before it
+    build, in the same order, then more, and picks no slower a plan."""
+    monkeypatch.setattr(search_module, "BUDGET", 10)
     topo = per_protocol_torus(4, 4)
-    runs = {}
-    for scale in (1, search_module.ONE_SIZE_BUDGET_SCALE):
-        built.clear()
-        choice = optimize_window(Search(topo, "allreduce"), 1 * MiB, 1 * MiB,
-                                 reach=replace(search_module.ONE_SIZE, budget_scale=scale))
-        runs[scale] = (list(built), choice.times_us[0])
+    few, slow = _built_in_one_size_window(monkeypatch, topo, 1 * MiB, replace(search_module.ONE_SIZE, **smaller))
+    more, fast = _built_in_one_size_window(monkeypatch, topo, 1 * MiB, replace(search_module.ONE_SIZE, **larger))
     assert search_module.ONE_SIZE.budget_scale > search_module.RANGED.budget_scale == 1
-    (few, slow), (more, fast) = runs[1], runs[search_module.ONE_SIZE_BUDGET_SCALE]
+    assert search_module.ONE_SIZE.far_share > search_module.RANGED.far_share == 0
     assert more[:len(few)] == few and len(more) > len(few)
     assert fast <= slow * (1 + 1e-9)
+
+
+def test_bandwidth_bound_windows_spend_nothing_on_far_descents(monkeypatch):
+    """From BANDWIDTH_WINDOW on, where the times are smooth in the knobs and simulations cost
+    more, a window of one size builds the same plans with or without the far descents."""
+    monkeypatch.setattr(search_module, "BUDGET", 10)
+    monkeypatch.setattr(search_module, "BANDWIDTH_BUDGET", 10)
+    topo = per_protocol_torus(4, 4)
+    size = search_module.BANDWIDTH_WINDOW
+    without = _built_in_one_size_window(monkeypatch, topo, size, replace(search_module.ONE_SIZE, far_share=0.0))
+    assert _built_in_one_size_window(monkeypatch, topo, size, search_module.ONE_SIZE) == without

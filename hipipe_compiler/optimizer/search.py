@@ -76,10 +76,9 @@ TILT_REACH = 8
 #: MiB those descents still improve when one budget runs out.
 ONE_SIZE_BUDGET_SCALE = 2
 #: Below BANDWIDTH_WINDOW, a window of one size then spends this share of a budget more on
-#: descents from its best plans that no descent came within one step of. The descents before
-#: start from the best few, so they end in one basin, while the times are rugged in the knobs
-#: where latency counts (zoo02 1 MiB: 81.4 -> 80.5 us, from 2.3 % to 1.1 % of the reference's
-#: best; its 66 points: 7 faster, none slower, 4 % more search time).
+#: descents from its best plans that no descent came within a step of: the others start from
+#: the best few and end in one basin, while the times are rugged where latency counts (zoo02
+#: 1 MiB: from 2.3 % to 1.1 % of the reference's best; of 66 points 7 faster, none slower).
 FAR_BUDGET_SHARE = 0.5
 #: Best candidates of the coarse sweep that are also tried with both-way rings on tori.
 BIDIR_TRIALS = 6
@@ -236,16 +235,14 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
     and from the best it found with paired steps too, on what the budget has left, as far as
     `reach` goes (by default the wider ONE_SIZE in a window of one size, which then spends a
     second budget descending from its best three and, below BANDWIDTH_WINDOW, half a budget
-    from its best plans that no descent came within a step of); all judged at the window's middle. The
-    five best distinct
-    plans (and the best of each finer nchunksperloop) are judged again at both ends of the
-    window; the finest within GRANULARITY_TOLERANCE of the best mean T / T_LB wins (in a
-    window of one size, the finest of those that tie with the best), and the `neighbour`
-    window's plan wins if it is within REUSE_TOLERANCE of that and no coarser. `cap` bounds
-    the element multiple of this window's calls, besides the search's own cap on
+    from its best plans no descent came within a step of); all judged at the window's middle.
+    The five best distinct plans (and the best of each finer nchunksperloop) are judged again
+    at both ends of the window; the finest within GRANULARITY_TOLERANCE of the best mean
+    T / T_LB wins (in a window of one size, the finest of those that tie with the best), and
+    the `neighbour` window's plan wins if it is within REUSE_TOLERANCE of that and no coarser.
+    `cap` bounds the element multiple of this window's calls, besides the search's own cap on
     nchunksperloop. Above SCREEN_BYTES, candidates are judged at that size instead of the
-    middle, and the baselines join the finalists.
-    """
+    middle, and the baselines join the finalists."""
     topo, coll = search.topology, search.collective
     nominal = int(math.sqrt(min_bytes * max_bytes))
     screened = nominal > SCREEN_BYTES
@@ -470,12 +467,9 @@ def optimize_window(search: Search, min_bytes: int, max_bytes: int, seeds: Seque
         ranked_now = list(islice(_distinct(sorted((e for e in evals if e.knobs is not None), key=lambda e: e.score)),
                                  SEEDS))
         descend_each(ranked_now, spent() + budget * (reach.budget_scale - 1), paired=True)
-    # where latency counts, the descents above ended near the best: a share of a budget more
-    # goes to descents from the best plans none of them came within a step of
     if reach.far_share and nominal < BANDWIDTH_WINDOW:
-        near = {k for place in visited for k in (place, *steps(place, paired=True))}
-        far = list(islice(_distinct(sorted((e for e in evals if e.knobs is not None and e.knobs not in near),
-                                           key=lambda e: e.score)), SEEDS))
+        near = {None, *(k for place in visited for k in (place, *steps(place, paired=True)))}  # None: baselines
+        far = list(islice(_distinct(sorted((e for e in evals if e.knobs not in near), key=lambda e: e.score)), SEEDS))
         descend_each(far, spent() + int(budget * reach.far_share), paired=True)
     if not evals:
         if cap is not None:

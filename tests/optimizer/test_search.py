@@ -459,18 +459,18 @@ def test_a_window_of_one_size_reaches_further_than_a_wider_one(monkeypatch):
     assert seen[False] <= {("fan", search_module.RANGED_FAN_CHUNKS), ("tilt", False)}
 
 
-def _built_in_one_size_window(monkeypatch, topo, size: int, reach) -> tuple[list[Knobs], float]:
+def _built_in_one_size_window(monkeypatch: pytest.MonkeyPatch, topo: Topology, size: int,
+                              reach: search_module.Reach) -> tuple[list[Knobs], float]:
     """The knobs of every plan a window of one size builds, in order, and its pick's time."""
-    real = getattr(search_module.build_plan, "__wrapped__", search_module.build_plan)
     built: list[Knobs] = []
 
     def recording(topo, coll, lo, hi, knobs, nominal=None):
         built.append(knobs)
-        return real(topo, coll, lo, hi, knobs, nominal)
+        return build_plan(topo, coll, lo, hi, knobs, nominal)
 
-    recording.__wrapped__ = real  # type: ignore[attr-defined]
-    monkeypatch.setattr(search_module, "build_plan", recording)
-    choice = optimize_window(Search(topo, "allreduce"), size, size, reach=reach)
+    with monkeypatch.context() as patch:
+        patch.setattr(search_module, "build_plan", recording)
+        choice = optimize_window(Search(topo, "allreduce"), size, size, reach=reach)
     return built, choice.times_us[0]
 
 

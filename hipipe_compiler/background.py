@@ -83,10 +83,6 @@ class Background(Generic[T]):
         self.stack = ExitStack()  # collector.settling, left by close
         self.settle = self.stack.enter_context(settling())
 
-    def __contains__(self, key: Hashable) -> bool:
-        """Whether work was submitted under key."""
-        return key in self.work
-
     def submit(self, key: Hashable, work: Callable[[], T], footprint: int = 0) -> None:
         """Queue `work`; it starts in a child as soon as fewer than `jobs` run and the memory
         the running children may still take leaves `footprint` bytes (the most the work

@@ -190,8 +190,8 @@ def _parts(topology: Topology, options: CompileOptions, windows: Sequence[Compil
             if options.check:
                 for p in backup + plans:
                     key = _proof_key(p, program.inplace)
-                    owners.setdefault(key, part)
-                    if key not in proofs:
+                    if key not in owners:  # a plan that serves several parts is proven once, for the first
+                        owners[key] = part
                         proofs.submit(key, partial(verify_plan, p, layouts_of(p, aliased=program.inplace)),
                                       sum(1 for g in p.gpus for tb in g.threadblocks for _op in tb.flat_ops())
                                       * PROOF_BYTES_PER_OP)

@@ -116,6 +116,11 @@ class Background(Generic[T]):
             self.done[key] = self.work[key]()
         return self.done[key]
 
+    def poll(self) -> None:
+        """Collect the children that have finished and start queued work in their place: for a
+        parent that goes on with long work of its own between submits."""
+        self._start()
+
     def close(self) -> None:
         """Stop the children still running (a compile that failed does not wait for them)."""
         for child, receive, _footprint in self.running.values():

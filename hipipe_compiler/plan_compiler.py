@@ -32,7 +32,7 @@ from .mscclpp.nvls_pipeline import describe, nvls_pipeline_plan, pipeline_shape,
 from .mscclpp.plan import ExecutionPlan, context_scratch_bytes, largest_message_size, largest_size_within_scratch
 from .mscclpp.translate import ranks_per_node
 from .mscclpp.verify import layouts_of, verify_plan
-from .mscclpp.writer import write_plan
+from .mscclpp.writer import PlanWriter
 from .plan_fitting import fit, threadblock_budget
 from .schedule import Plan, hierarchical_plan
 from .sim import simulate_exact
@@ -128,18 +128,28 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         raise InputError(None, "--proto", "MSCCL++ has no LL128; expected Simple or LL")
     windows = compile_range(topology, replace(options, check=False), min_bytes, max_bytes, planner, stopwatch=watch,
                             timed=False)
-    bests = [_best_plan(topology, options, choices, index, cw, node_size, watch) for index, cw in enumerate(windows)]
-    # in-switch plans win from some size up, though not always all of a window: from the top
-    # window down, until one where they serve nothing
-    served: list[list[Served]] = [[(cw.window.min_bytes, None, {})] for cw in windows]
-    seen: dict[tuple[int, int], float] = {}
-    for index in reversed(range(len(windows)) if in_switch else ()):
-        lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
-        served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen, max_scratch)
-        if all(build is None for _s, build, _k in served[index]):
-            break
-    owners: dict[tuple[ExecutionPlan, bool], Window] = {}  # each proof's part, in the order they were sent
+    owners: dict[tuple[ExecutionPlan, bool], Window] = {}  # each proof's part, in the order the parts use them
     with Background[Report](options.jobs if options.check else 1) as proofs:
+        bests = []
+        for index, cw in enumerate(windows):
+            bests.append(best := _best_plan(topology, options, choices, index, cw, node_size, watch))
+            lo, hi = cw.window.min_bytes, min(cw.window.max_bytes, largest_message_size(best.plan))
+            if options.check and fallbacks and lo <= hi:
+                # a directory emits each window's plan, as a part or behind an in-switch one: its
+                # proof starts now, for every size its parts can take, while the parent goes on
+                for m in _modes(best.program):
+                    _prove(proofs, _part(best.plan, _name(topology, options.collective, index, lo, hi, m), m, lo, hi),
+                           best.program.inplace)
+        # in-switch plans win from some size up, though not always all of a window: from the top
+        # window down, until one where they serve nothing
+        served: list[list[Served]] = [[(cw.window.min_bytes, None, {})] for cw in windows]
+        seen: dict[tuple[int, int], float] = {}
+        for index in reversed(range(len(windows)) if in_switch else ()):
+            lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
+            served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen, max_scratch)
+            proofs.poll()
+            if all(build is None for _s, build, _k in served[index]):
+                break
         try:
             out = _parts(topology, options, windows, bests, served, fallbacks, max_scratch, watch, proofs, owners)
         except Exception:  # a broken plan met later (a simulation, a part) gets the verifier's report first
@@ -153,6 +163,14 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
             report = proofs.result(_proof_key(cp.plans[-1], cp.program.inplace))
             proven.append(replace(cp, report=report, window=replace(cp.window, report=report)))
         return proven
+
+
+def _prove(proofs: Background[Report], plan: ExecutionPlan, aliased: bool) -> tuple[ExecutionPlan, bool]:
+    """Send the plan's proof (once per proof key, whoever asks first) and return its key."""
+    key = _proof_key(plan, aliased)
+    footprint = sum(1 for g in plan.gpus for tb in g.threadblocks for _op in tb.flat_ops()) * PROOF_BYTES_PER_OP
+    proofs.submit(key, partial(verify_plan, plan, layouts_of(plan, aliased=aliased)), footprint)
+    return key
 
 
 def _parts(topology: Topology, options: CompileOptions, windows: Sequence[CompiledWindow], bests: Sequence[Any],
@@ -188,13 +206,8 @@ def _parts(topology: Topology, options: CompileOptions, windows: Sequence[Compil
                 backup = tuple(_part(plan, f"{names[m]}-fallback", m, seg_lo, top) for m in _modes(program))
             part = replace(cw.window, min_bytes=seg_lo, max_bytes=top)
             if options.check:
-                for p in backup + plans:
-                    key = _proof_key(p, program.inplace)
-                    if key not in owners:  # a plan that serves several parts is proven once, for the first
-                        owners[key] = part
-                        proofs.submit(key, partial(verify_plan, p, layouts_of(p, aliased=program.inplace)),
-                                      sum(1 for g in p.gpus for tb in g.threadblocks for _op in tb.flat_ops())
-                                      * PROOF_BYTES_PER_OP)
+                for p in backup + plans:  # a plan that serves several parts is proven once, named by the first
+                    owners.setdefault(_prove(proofs, p, program.inplace), part)
             done = _finish(topology, options, cw, part, program, plans, timed, at, schedule,
                            best.stand_in and build is None, build is not None, watch, backup)
             out.append(replace(done, times={**known, at: timed}, fallbacks=backup))
@@ -437,7 +450,8 @@ def write_plans_directory(compiled: Sequence[CompiledPlans], path: str | Path, m
     """Write one JSON per plan and .hipipe/manifest.json; all text is made before the first write.
     Fallbacks are listed after every plan, since the selector takes the first that can serve a call."""
     plans = [p for cp in compiled for p in cp.plans] + [p for cp in compiled for p in cp.fallbacks]
-    texts = [(plan_file_name(p), write_plan(p)) for p in plans]
+    writer = PlanWriter()  # the parts of a window share their GPUs, and plans their operations
+    texts = [(plan_file_name(p), writer.plan(p)) for p in plans]
     manifest = {**manifest, "backend": "mscclpp", "mscclpp_commit": MSCCLPP_COMMIT,
                 "plans": [manifest_entry(p, node_size) for p in plans]}
     prefixes = {f"{p.collective}-{p.ngpus}r-" for p in plans}

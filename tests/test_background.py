@@ -36,6 +36,25 @@ def test_children_give_what_the_parent_would(jobs, values):
 
 
 @needs_fork
+def test_poll_starts_queued_work_once_a_child_is_done_without_a_submit_or_a_wait():
+    parent = os.getpid()
+    def slow() -> bool:
+        time.sleep(0.3)
+        return _in_child(parent)
+
+    with Background[bool](2) as work:
+        for key in range(3):
+            work.submit(key, slow)
+        assert list(work.waiting) == [2]
+        deadline = time.monotonic() + 30
+        while work.waiting and time.monotonic() < deadline:  # the parent busy with work of its own
+            work.poll()
+            time.sleep(0.01)
+        assert not work.waiting  # the third started in a child as soon as one of the first two was done
+        assert [work.result(k) for k in range(3)] == [True, True, True]
+
+
+@needs_fork
 def test_a_child_that_dies_or_raises_leaves_the_work_to_the_parent():
     parent = os.getpid()
 

@@ -70,10 +70,11 @@ def test_plans_proven_in_children_give_the_parents_parts_and_reports(monkeypatch
     assert all(cp.report.ok for cp in alone) and any(cp.fallbacks for cp in alone)
     broken = alone[0]  # its first plan is the first proof to start, in a child
     proven = plan_compiler.verify_plan
+    planted = plan_compiler._proof_key((broken.fallbacks + broken.plans)[0], broken.program.inplace)[0]
 
     def fails_one(plan, layouts):
         report = proven(plan, layouts)
-        if plan.name != (broken.fallbacks + broken.plans)[0].name:
+        if plan_compiler._proof_key(plan, broken.program.inplace)[0] != planted:  # its proof, whatever it is named
             return report
         return replace(report, violations=(Violation("semantics.result", f"planted in process {os.getpid()}"),))
 
@@ -95,3 +96,30 @@ def test_plans_proven_in_children_give_the_parents_parts_and_reports(monkeypatch
     monkeypatch.setattr(plan_compiler, "verify_plan", proven)
     with pytest.raises(SimulationError, match="planted"):
         compile_plans(topo, replace(options, jobs=2), lo, hi, fallbacks=True)
+
+
+def test_a_directory_proves_each_windows_plan_before_it_tries_the_in_switch_plans(monkeypatch):
+    """The GPU-side plan of every window is sent to be proven as soon as it is translated, so
+    that the proofs run beside the in-switch trials and the parts; each part still gets the
+    report of its own plan."""
+    topo, lo, hi = preset("dgx-h100-8x1"), 4 << 20, 64 << 20
+    events: list[str] = []
+    prove, in_switch = plan_compiler._prove, plan_compiler._in_switch
+
+    def recorded_prove(proofs, plan, aliased):
+        events.append("proof")
+        return prove(proofs, plan, aliased)
+
+    def recorded_in_switch(*args, **kwargs):
+        events.append("in-switch")
+        return in_switch(*args, **kwargs)
+
+    monkeypatch.setattr(plan_compiler, "_prove", recorded_prove)
+    monkeypatch.setattr(plan_compiler, "_in_switch", recorded_in_switch)
+    out = compile_plans(topo, CompileOptions(collective="allreduce", jobs=2), lo, hi, fallbacks=True)
+    before = events[:events.index("in-switch")]
+    assert before and set(before) == {"proof"}  # the windows' plans, one per buffer mode
+    assert all(cp.report.ok for cp in out)
+    events.clear()
+    compile_plans(topo, CompileOptions(collective="allreduce", jobs=2), lo, hi, fallbacks=False)
+    assert events.index("in-switch") == 0  # a single plan per part: nothing is proven that may go unused

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -90,13 +91,53 @@ def plan_document(plan: ExecutionPlan) -> dict[str, Any]:
     }
 
 
+class PlanWriter:
+    """Writes plans as write_plan does, faster where they repeat: each distinct operation is
+    encoded once (a pipelined plan repeats a few thousand ops across ranks and chunks), and a
+    GPU shared by several plans (a directory's in-place, out-of-place and fallback parts of one
+    window) once for all of them."""
+
+    def __init__(self) -> None:
+        self.ops: dict[Op, str] = {}
+        self.gpus: dict[int, tuple[GpuPlan, str]] = {}  # id -> (the GPU, kept alive, its text)
+
+    def op(self, op: Op) -> str:
+        text = self.ops.get(op)
+        if text is None:
+            text = self.ops[op] = _compact(op_document(op))
+        return text
+
+    def gpu(self, g: GpuPlan) -> str:
+        known = self.gpus.get(id(g))
+        if known is not None:
+            return known[1]
+        doc = gpu_document(replace(g, threadblocks=()))
+        tbs = ",".join(self.threadblock(tb) for tb in g.threadblocks)
+        head, tail = _compact(doc).split('"threadblocks":[]', 1)  # the GPU's own keys keep their order
+        text = f'{head}"threadblocks":[{tbs}]{tail}'
+        self.gpus[id(g)] = (g, text)
+        return text
+
+    def threadblock(self, tb: Threadblock) -> str:
+        doc = threadblock_document(replace(tb, ops=()))
+        head, tail = _compact(doc).split('"ops":[]', 1)
+        return f'{head}"ops":[{",".join(self.op(op) for op in tb.ops)}]{tail}'
+
+    def plan(self, plan: ExecutionPlan) -> str:
+        """The JSON text: one line per GPU keeps files diffable without the size of full indentation."""
+        head = _compact(plan_document(replace(plan, gpus=())))
+        head = head[:head.rindex(',"gpus":[]')]
+        body = ",\n".join(self.gpu(g) for g in plan.gpus)
+        return f'{head},"gpus":[\n{body}\n]}}\n'
+
+
+def _compact(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"))
+
+
 def write_plan(plan: ExecutionPlan) -> str:
-    """The JSON text: one line per GPU keeps files diffable without the size of full indentation."""
-    doc = plan_document(plan)
-    gpus = doc.pop("gpus")
-    head = json.dumps(doc, separators=(",", ":"))[:-1]
-    body = ",\n".join(json.dumps(g, separators=(",", ":")) for g in gpus)
-    return f'{head},"gpus":[\n{body}\n]}}\n'
+    """The plan's JSON text (PlanWriter: one line per GPU)."""
+    return PlanWriter().plan(plan)
 
 
 def save_plan(plan: ExecutionPlan, path: str | Path) -> None:

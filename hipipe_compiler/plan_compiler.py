@@ -143,10 +143,10 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
         # in-switch plans win from some size up, though not always all of a window: from the top
         # window down, until one where they serve nothing
         served: list[list[Served]] = [[(cw.window.min_bytes, None, {})] for cw in windows]
-        seen: dict[tuple[int, int], float] = {}
+        trials = _SwitchTrials(_once_per_mode(switch_candidates(topology, "in-switch")))
         for index in reversed(range(len(windows)) if in_switch else ()):
             lo, hi = windows[index].window.min_bytes, windows[index].window.max_bytes
-            served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, seen, max_scratch)
+            served[index] = _in_switch(topology, options, bests[index].plan, lo, hi, watch, trials, max_scratch)
             proofs.poll()
             if all(build is None for _s, build, _k in served[index]):
                 break
@@ -358,20 +358,38 @@ Builder = Callable[[bool], ExecutionPlan]
 Served = tuple[int, "Builder | None", dict[int, SimResult]]
 
 
+@dataclass
+class _SwitchTrials:
+    """What the windows of a directory share of the in-switch plans: the builders (each plan
+    made once per buffer mode, named by the part it serves later), their times by (candidate,
+    size), and whether rank 0 alone times each (checked once)."""
+
+    builders: list[Builder]
+    seen: dict[tuple[int, int], float] = field(default_factory=dict)
+    orbits: dict[int | None, bool] = field(default_factory=dict)
+
+
+def _once_per_mode(builders: Sequence[Builder]) -> list[Builder]:
+    """The builders, each making its plan once per buffer mode however often it is asked."""
+    def once(build: Builder) -> Builder:
+        made: dict[bool, ExecutionPlan] = {}
+        return lambda inplace: made[inplace] if inplace in made else made.setdefault(inplace, build(inplace))
+    return [once(b) for b in builders]
+
+
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
-               watch: Stopwatch, seen: dict[tuple[int, int], float] | None = None,
-               max_scratch: int | None = None) -> list[Served]:
+               watch: Stopwatch, trials: _SwitchTrials | None = None, max_scratch: int | None = None) -> list[Served]:
     """Which plan serves each part of an all-reduce window, ascending from `lo`: (from which
     size, the in-switch plan as a builder per buffer mode or None for `translated`, the times
     of that out-of-place plan simulated on the way), as `fastest_segments` decides between
-    `translated` and every in-switch plan. `seen` keeps the in-switch plans' times from one
-    window to the next."""
+    `translated` and every in-switch plan. `trials` carries the in-switch plans and what was
+    learnt of them from one window to the next."""
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
         return [(lo, None, {})]
+    trials = trials or _SwitchTrials(switch_candidates(topology, translated.name))
     budget = threadblock_budget(topology, options.limits).max_threadblocks
-    candidates = [(build, plan) for build in switch_candidates(topology, translated.name)
-                  if (plan := build(False)).max_threadblocks <= budget]
+    candidates = [(build, plan) for build in trials.builders if (plan := build(False)).max_threadblocks <= budget]
     # each plan serves up to its reach; above every plan's, the part goes to NCCL
     reaches = {None: reach(translated, max_scratch), **{i: reach(p, max_scratch) for i, (_b, p) in enumerate(candidates)}}
     hi = min(hi, max(reaches.values()))
@@ -379,7 +397,7 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
         return [(lo, None, {})]
     step = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
     results: dict[tuple[int | None, int], SimResult] = {}
-    orbits: dict[int | None, bool] = {}  # whether rank 0 alone times a plan: checked once, not per size
+    orbits = dict(trials.orbits)  # whether rank 0 alone times a plan: checked once, not per size
 
     def time(i: int | None, size: int) -> float:
         plan = translated if i is None else candidates[i][1]
@@ -387,10 +405,12 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
             return math.inf
         if i not in orbits:
             orbits[i] = symmetric(plan, topology)
+            if i is not None:  # the in-switch plans are every window's
+                trials.orbits[i] = orbits[i]
         results[(i, size)] = time_plan(plan, topology, size, orbits=orbits[i])
         return results[(i, size)].time_us
     with watch.phase("predict"):
-        segments = fastest_segments(lo, hi, step, len(candidates), time, seen=seen)
+        segments = fastest_segments(lo, hi, step, len(candidates), time, seen=trials.seen)
     return [(seg.start, None if seg.choice is None else candidates[seg.choice][0],
              {at: r for (i, at), r in results.items() if i == seg.choice}) for seg in segments]
 

@@ -123,3 +123,30 @@ def test_a_directory_proves_each_windows_plan_before_it_tries_the_in_switch_plan
     events.clear()
     compile_plans(topo, CompileOptions(collective="allreduce", jobs=2), lo, hi, fallbacks=False)
     assert events.index("in-switch") == 0  # a single plan per part: nothing is proven that may go unused
+
+
+def test_the_windows_of_a_directory_build_and_check_each_in_switch_plan_once(monkeypatch):
+    """Every window tries the same in-switch plans: each is made once per buffer mode, and
+    whether rank 0 alone times it is checked once, for the whole directory."""
+    from conftest import nvls_nodes
+
+    topo = nvls_nodes(4, 2)
+    builds: list[tuple] = []
+    checked: list[int] = []
+    build, check = plan_compiler.nvls_pipeline_plan, plan_compiler.symmetric
+
+    def counted_build(topology, name, inplace, chunks, lanes=1, *args, **kwargs):
+        builds.append((chunks, lanes, inplace))
+        return build(topology, name, inplace, chunks, lanes, *args, **kwargs)
+
+    def counted_check(plan, topology, *args):
+        if plan.needs_symmetric_memory:  # an in-switch plan
+            checked.append(id(plan.gpus))
+        return check(plan, topology, *args)
+
+    monkeypatch.setattr(plan_compiler, "nvls_pipeline_plan", counted_build)
+    monkeypatch.setattr(plan_compiler, "symmetric", counted_check)
+    out = compile_plans(topo, CompileOptions(collective="allreduce", check=False), 256 << 20, 4 << 30, fallbacks=True)
+    assert len(out) >= 2 and all(cp.plans[0].needs_symmetric_memory for cp in out)  # both windows tried them
+    assert len(builds) == len(set(builds)) and len({b[:2] for b in builds}) > 1  # once per shape and mode
+    assert checked and len(checked) == len(set(checked))

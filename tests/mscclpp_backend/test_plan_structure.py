@@ -28,14 +28,6 @@ def _hierarchical(protocol: str) -> ExecutionPlan:
     return fit(hierarchical_plan(topo, "allreduce", chunks=2, protocol=protocol, max_bytes=1 << 20), topo, "r")[1]
 
 
-#: Plans as `hipipe verify` reads them: ranks share the operations and lists they repeat.
-SUBJECTS = {name: read_plan_text(write_plan(make())) for name, make in {
-    "hierarchical Simple": lambda: _hierarchical("Simple"),
-    "hierarchical LL": lambda: _hierarchical("LL"),
-    "in-switch pipeline": lambda: nvls_pipeline_plan(nvls_nodes(4, 2), "p", False, 2),
-}.items()}
-
-
 def _with_barriers(plan: ExecutionPlan) -> ExecutionPlan:
     """The plan with a barrier over every threadblock first in each list, lists still shared."""
     lists: dict[int, tuple[Op, ...]] = {}

@@ -130,13 +130,14 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                             timed=False)
     owners: dict[tuple[ExecutionPlan, bool], Window] = {}  # each proof's part, in the order the parts use them
     with Background[Report](options.jobs if options.check else 1) as proofs:
-        bests = []
+        bests: list[_Translated] = []
         for index, cw in enumerate(windows):
             bests.append(best := _best_plan(topology, options, choices, index, cw, node_size, watch))
-            lo, hi = cw.window.min_bytes, min(cw.window.max_bytes, largest_message_size(best.plan))
+            lo, hi = cw.window.min_bytes, min(cw.window.max_bytes, reach(best.plan, max_scratch))
             if options.check and fallbacks and lo <= hi:
-                # a directory emits each window's plan, as a part or behind an in-switch one: its
-                # proof starts now, for every size its parts can take, while the parent goes on
+                # a directory emits each window's plan as a part, or as the fallback of an in-switch
+                # part it reaches across: its proof starts now, for every size those can take, while
+                # the parent goes on (where it ends up in neither, the proof is spent for nothing)
                 for m in _modes(best.program):
                     _prove(proofs, _part(best.plan, _name(topology, options.collective, index, lo, hi, m), m, lo, hi),
                            best.program.inplace)
@@ -337,8 +338,8 @@ def _finish(topology: Topology, options: CompileOptions, cw: CompiledWindow, win
 
 
 def _proof_key(plan: ExecutionPlan, inplace: bool) -> tuple[ExecutionPlan, bool]:
-    """What a plan's proof reads: not its name and sizes, so a plan that serves several parts
-    of a directory is proven once."""
+    """What a plan's proof depends on: not its name and sizes, whose checks (a name; sizes up to
+    where the offsets wrap) hold for every part `reach` allows, so each plan is proven once."""
     return replace(plan, name="-", min_message_size=0, max_message_size=0), inplace
 
 
@@ -358,23 +359,23 @@ Builder = Callable[[bool], ExecutionPlan]
 Served = tuple[int, "Builder | None", dict[int, SimResult]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _SwitchTrials:
-    """What the windows of a directory share of the in-switch plans: the builders (each plan
-    made once per buffer mode, named by the part it serves later), their times by (candidate,
-    size), and whether rank 0 alone times each (checked once)."""
+    """What a directory's windows share of the in-switch plans: the plans, their times by
+    (candidate, size), and whether rank 0 alone times each."""
 
-    builders: list[Builder]
+    builders: tuple[Builder, ...]
     seen: dict[tuple[int, int], float] = field(default_factory=dict)
-    orbits: dict[int | None, bool] = field(default_factory=dict)
+    orbits: dict[int, bool] = field(default_factory=dict)
 
 
-def _once_per_mode(builders: Sequence[Builder]) -> list[Builder]:
-    """The builders, each making its plan once per buffer mode however often it is asked."""
+def _once_per_mode(builders: Sequence[Builder]) -> tuple[Builder, ...]:
+    """The builders, each making its plan once per buffer mode however often it is asked (its
+    name is a placeholder: each part it serves names it)."""
     def once(build: Builder) -> Builder:
         made: dict[bool, ExecutionPlan] = {}
         return lambda inplace: made[inplace] if inplace in made else made.setdefault(inplace, build(inplace))
-    return [once(b) for b in builders]
+    return tuple(once(b) for b in builders)
 
 
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
@@ -387,7 +388,8 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
         return [(lo, None, {})]
-    trials = trials or _SwitchTrials(switch_candidates(topology, translated.name))
+    if trials is None:
+        trials = _SwitchTrials(_once_per_mode(switch_candidates(topology, translated.name)))
     budget = threadblock_budget(topology, options.limits).max_threadblocks
     candidates = [(build, plan) for build in trials.builders if (plan := build(False)).max_threadblocks <= budget]
     # each plan serves up to its reach; above every plan's, the part goes to NCCL
@@ -397,7 +399,7 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
         return [(lo, None, {})]
     step = math.lcm(size_multiple(translated), *(size_multiple(plan) for _b, plan in candidates))
     results: dict[tuple[int | None, int], SimResult] = {}
-    orbits = dict(trials.orbits)  # whether rank 0 alone times a plan: checked once, not per size
+    orbits: dict[int | None, bool] = dict(trials.orbits)  # whether rank 0 alone times a plan: checked once
 
     def time(i: int | None, size: int) -> float:
         plan = translated if i is None else candidates[i][1]

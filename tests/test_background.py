@@ -39,7 +39,7 @@ def test_children_give_what_the_parent_would(jobs, values):
 def test_poll_starts_queued_work_once_a_child_is_done_without_a_submit_or_a_wait():
     parent = os.getpid()
     def slow() -> bool:
-        time.sleep(0.3)
+        time.sleep(1.0)  # the first two still run when the third is submitted
         return _in_child(parent)
 
     with Background[bool](2) as work:
@@ -117,17 +117,26 @@ def test_no_child_is_forked_while_another_thread_runs(monkeypatch):
 def test_a_child_is_forked_only_where_memory_leaves_room_for_its_footprint(monkeypatch):
     monkeypatch.setattr(background, "available_memory", lambda: 10)
     parent = os.getpid()
+    held, release = os.pipe()
+
+    def until_released() -> bool:  # still running when the third is submitted, however loaded the machine
+        os.read(held, 1)
+        return _in_child(parent)
+
     with Background[bool](2) as work:
         work.submit("too large", lambda: _in_child(parent), footprint=11)
         assert not work.running
-        work.submit("fits", lambda: _in_child(parent), footprint=6)
+        work.submit("fits", until_released, footprint=6)
         assert list(work.running) == ["fits"]
         work.submit("fits once the first is done", lambda: _in_child(parent), footprint=6)
         assert list(work.running) == ["fits"] and list(work.waiting) == ["too large", "fits once the first is done"]
+        os.write(release, b"x")
         work.running["fits"][0].join(60)
         assert work.result("fits")
         assert list(work.running) == ["fits once the first is done"]  # started as the first was collected
         assert [work.result(k) for k in ("fits once the first is done", "too large")] == [True, False]
+    os.close(held)
+    os.close(release)
 
 
 @needs_fork

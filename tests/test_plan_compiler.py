@@ -100,8 +100,7 @@ def test_plans_proven_in_children_give_the_parents_parts_and_reports(monkeypatch
 
 def test_a_directory_proves_each_windows_plan_before_it_tries_the_in_switch_plans(monkeypatch):
     """The GPU-side plan of every window is sent to be proven as soon as it is translated, so
-    that the proofs run beside the in-switch trials and the parts; each part still gets the
-    report of its own plan."""
+    that the proofs run beside the in-switch trials and the parts, and every part is proven."""
     topo, lo, hi = preset("dgx-h100-8x1"), 4 << 20, 64 << 20
     events: list[str] = []
     prove, in_switch = plan_compiler._prove, plan_compiler._in_switch
@@ -122,7 +121,7 @@ def test_a_directory_proves_each_windows_plan_before_it_tries_the_in_switch_plan
     assert all(cp.report.ok for cp in out)
     events.clear()
     compile_plans(topo, CompileOptions(collective="allreduce", jobs=2), lo, hi, fallbacks=False)
-    assert events.index("in-switch") == 0  # a single plan per part: nothing is proven that may go unused
+    assert events.index("in-switch") == 0  # no fallbacks: a window's plan may serve no part, so nothing goes ahead
 
 
 def test_the_windows_of_a_directory_build_and_check_each_in_switch_plan_once(monkeypatch):
@@ -141,7 +140,7 @@ def test_the_windows_of_a_directory_build_and_check_each_in_switch_plan_once(mon
 
     def counted_check(plan, topology, *args):
         if plan.needs_symmetric_memory:  # an in-switch plan
-            checked.append(id(plan.gpus))
+            checked.append(replace(plan, name="-"))
         return check(plan, topology, *args)
 
     monkeypatch.setattr(plan_compiler, "nvls_pipeline_plan", counted_build)
@@ -149,4 +148,4 @@ def test_the_windows_of_a_directory_build_and_check_each_in_switch_plan_once(mon
     out = compile_plans(topo, CompileOptions(collective="allreduce", check=False), 256 << 20, 4 << 30, fallbacks=True)
     assert len(out) >= 2 and all(cp.plans[0].needs_symmetric_memory for cp in out)  # both windows tried them
     assert len(builds) == len(set(builds)) and len({b[:2] for b in builds}) > 1  # once per shape and mode
-    assert checked and len(checked) == len(set(checked))
+    assert checked and len(checked) == len(set(checked))  # no plan checked twice, whichever window asked

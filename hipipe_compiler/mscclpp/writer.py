@@ -92,10 +92,8 @@ def plan_document(plan: ExecutionPlan) -> dict[str, Any]:
 
 
 class PlanWriter:
-    """Writes plans as write_plan does, faster where they repeat: each distinct operation is
-    encoded once (a pipelined plan repeats a few thousand ops across ranks and chunks), and a
-    GPU shared by several plans (a directory's in-place, out-of-place and fallback parts of one
-    window) once for all of them."""
+    """Plans as JSON text, each distinct operation encoded once (a pipeline repeats a few
+    thousand) and each GPU once for the plans that share it (a window's parts)."""
 
     def __init__(self) -> None:
         self.ops: dict[Op, str] = {}
@@ -125,8 +123,9 @@ class PlanWriter:
 
     def plan(self, plan: ExecutionPlan) -> str:
         """The JSON text: one line per GPU keeps files diffable without the size of full indentation."""
-        head = _compact(plan_document(replace(plan, gpus=())))
-        head = head[:head.rindex(',"gpus":[]')]
+        doc = plan_document(replace(plan, gpus=()))
+        del doc["gpus"]  # the GPUs come last, one per line
+        head = _compact(doc)[:-1]
         body = ",\n".join(self.gpu(g) for g in plan.gpus)
         return f'{head},"gpus":[\n{body}\n]}}\n'
 

@@ -379,7 +379,7 @@ def _once_per_mode(builders: Sequence[Builder]) -> tuple[Builder, ...]:
 
 
 def _in_switch(topology: Topology, options: CompileOptions, translated: ExecutionPlan, lo: int, hi: int,
-               watch: Stopwatch, trials: _SwitchTrials | None = None, max_scratch: int | None = None) -> list[Served]:
+               watch: Stopwatch, trials: _SwitchTrials, max_scratch: int | None = None) -> list[Served]:
     """Which plan serves each part of an all-reduce window, ascending from `lo`: (from which
     size, the in-switch plan as a builder per buffer mode or None for `translated`, the times
     of that out-of-place plan simulated on the way), as `fastest_segments` decides between
@@ -388,8 +388,6 @@ def _in_switch(topology: Topology, options: CompileOptions, translated: Executio
     if (options.collective != "allreduce" or not topology.nvls_dimensions or options.protocol == "LL"
             or options.algorithm != "hipipe"):
         return [(lo, None, {})]
-    if trials is None:
-        trials = _SwitchTrials(_once_per_mode(switch_candidates(topology, translated.name)))
     budget = threadblock_budget(topology, options.limits).max_threadblocks
     candidates = [(build, plan) for build in trials.builders if (plan := build(False)).max_threadblocks <= budget]
     # each plan serves up to its reach; above every plan's, the part goes to NCCL

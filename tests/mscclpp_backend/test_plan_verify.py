@@ -185,3 +185,45 @@ def test_any_corrupted_number_gives_a_verdict_not_a_crash(data):
     report = verify_plan(broken)
     if report.ok:
         assert time_plan(broken, preset(subject[0]), 1 << 20).time_us > 0
+
+
+def _exchange(handshake: str) -> ExecutionPlan:
+    """A two-rank reduce-scatter: each rank puts the peer's chunk into the peer's scratch slot
+    and sums its own with what it received there, with `handshake` ("none", "opening" or
+    "closing") ordering the peer's next write after this launch's read of the slot."""
+    def op(name: str, **fields: object) -> dict:
+        return {"name": name, **({"channel_type": "memory", "channel_ids": [0]} if name in ("signal", "wait") else {}),
+                **fields}
+
+    def gpu(rank: int) -> dict:
+        put = op("put", channel_type="memory", src_buff=[{"type": "i", "index": 1 - rank, "size": 1}],
+                 dst_buff=[{"buffer_id": 0, "index": 0, "size": 1}])
+        reduce = op("re", src_buff=[{"type": "i", "index": rank, "size": 1}, {"type": "s", "index": 0, "size": 1}],
+                    dst_buff=[{"type": "o", "index": 0, "size": 1}])
+        opening = [op("signal")] if handshake == "opening" else []
+        before_put = [op("wait"), op("nop")] if handshake == "opening" else []
+        closing = [op("nop"), op("signal"), op("wait")] if handshake == "closing" else []
+        ops = [*opening, *before_put, put, op("nop"), op("signal"), op("wait"), op("nop"), reduce, *closing]
+        return {"id": rank, "input_chunks": 2, "output_chunks": 1, "scratch_chunks": 1, "semaphores": [],
+                "channels": [{"channel_type": "memory", "connected_to": [1 - rank]}],
+                "remote_buffers": [{"rank": 1 - rank, "type": "s", "access_channel_types": ["memory"]}],
+                "threadblocks": [{"id": 0, "channels": [{"channel_type": "memory", "channel_ids": [0]}],
+                                  "remote_buffer_refs": [{"access_channel_type": "memory", "remote_buffer_ids": [0]}],
+                                  "ops": ops}]}
+    doc = {"name": f"exchange-{handshake}", "collective": "reducescatter", "protocol": "Simple", "inplace": False,
+           "buffer_alignment": 16, "num_threads_per_block": 1024, "min_message_size": 32,
+           "max_message_size": 1 << 20, "reuse_resources": False, "use_double_scratch_buffer": False,
+           "gpus": [gpu(0), gpu(1)]}
+    return read_plan_text(json.dumps(doc), "exchange.json")
+
+
+@pytest.mark.parametrize("handshake", ["opening", "closing"])
+def test_a_slot_is_reused_safely_after_an_opening_or_a_closing_handshake(handshake):
+    # opening: the peer's next write follows this rank's next kernel start, so its last read
+    report = verify_plan(_exchange(handshake))
+    assert report.ok, [str(v) for v in report.violations]
+
+
+def test_a_slot_whose_next_write_nothing_orders_after_its_read_is_rejected():
+    # the peer's next launch may start as soon as it has this rank's data, before this rank read its slot
+    assert verify_plan(_exchange("none")).rules() == {"slot-reuse"}

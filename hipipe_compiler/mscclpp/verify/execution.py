@@ -65,11 +65,11 @@ class _Cell:
     writer: tuple[int, int] | None = None  # (tb, clock)
     readers: list | None = None  # [(tb, clock)] since the last write
     packet: bool = False  # written as packets in this launch
-    history: list | None = None  # every (tb, clock, write) of the launch, for the next launch's order
+    history: list | None = None  # every (tb, clock, write, heard) of the launch, for the next launch's order
 
 
 class _Tb:
-    __slots__ = ("index", "rank", "id", "ops", "pc", "clock", "vc", "pending", "nop_clock", "blocked")
+    __slots__ = ("index", "rank", "id", "ops", "pc", "clock", "vc", "pending", "nop_clock", "blocked", "heard")
 
     def __init__(self, index: int, rank: int, tb_id: int, ops: list[tuple[int, Op]], ntbs: int) -> None:
         self.index, self.rank, self.id, self.ops = index, rank, tb_id, ops
@@ -79,6 +79,7 @@ class _Tb:
         self.pending: list[np.ndarray] = []  # what waits and acquires saw, joined at the next nop
         self.nop_clock = 0
         self.blocked: str | None = None
+        self.heard = 1 << rank  # the ranks it has heard from in this launch, as bits
 
     @property
     def done(self) -> bool:
@@ -203,9 +204,11 @@ class Execution:
         t.clock += 1
         t.vc[t.index] = t.clock
         if name == "nop":
-            for snapshot in t.pending:
-                np.maximum(t.vc, snapshot, out=t.vc)
-            t.pending.clear()
+            if t.pending:
+                for snapshot in t.pending:
+                    np.maximum(t.vc, snapshot, out=t.vc)
+                t.pending.clear()
+                t.heard = sum(1 << int(r) for r in np.flatnonzero(t.vc[len(self.tbs):]))
             t.vc[t.index] = t.clock
             t.nop_clock = t.clock
         elif name in ("wait", "rlxwait"):
@@ -356,7 +359,7 @@ class Execution:
                 continue
             if cell.history is None:
                 cell.history = []
-            cell.history.append((t.index, t.clock, write))
+            cell.history.append((t.index, t.clock, write, t.heard))
             w = cell.writer
             if write:
                 if w is not None and not self._ordered(t, w):
@@ -441,7 +444,7 @@ class Execution:
             for cell in cells:
                 history = cell.history or ()
                 if end is not None:
-                    i = next((i for i, clock, _ in history if rank_of[i] != rank and end[i] < clock), None)
+                    i = next((i for i, clock, _, _ in history if rank_of[i] != rank and end[i] < clock), None)
                     if i is not None:
                         self._report(self.tbs[i], None, "unfinished-access", f"its access to {space} of rank {rank} is "
                                      f"not ordered before rank {rank}'s kernel ends, so rank {rank}'s caller may reuse "
@@ -449,22 +452,42 @@ class Execution:
                 if not (double and cell.packet):
                     self._overlapping_launches(rank, space, cell, history, ends, rank_of)
 
-    def _overlapping_launches(self, rank: int, space: str, cell: _Cell, history: Sequence[tuple[int, int, bool]],
+    def _overlapping_launches(self, rank: int, space: str, cell: _Cell, history: Sequence[tuple[int, int, bool, int]],
                               ends: dict[int, np.ndarray], rank_of: list[int]) -> None:
         """Report each access to the cell that another rank's next launch may overlap (one of the
-        two writes); the rank named is the one whose first conflicting access comes first."""
+        two writes); the rank named is the one whose first conflicting access comes first.
+
+        An access is safe from rank b's next launch when it is ordered before the end of b's
+        kernel, or of the kernel of a rank q that every access of b to the cell has heard
+        from in the launch: in the next launch those accesses again follow a signal that q
+        sent after its kernel started again, so after this launch's kernel of q ended (an
+        opening handshake in place of a closing one)."""
         first: dict[int, int] = {}  # rank -> position of its first access
         first_write: dict[int, int] = {}
         first_read: dict[int, int] = {}
-        for y, (j, _, w) in enumerate(history):
+        heard: dict[int, int] = {}  # rank -> the ranks every one of its accesses heard from, as bits
+        for y, (j, _, w, bits) in enumerate(history):
             first.setdefault(rank_of[j], y)
             (first_write if w else first_read).setdefault(rank_of[j], y)
+            heard[rank_of[j]] = heard.get(rank_of[j], bits) & bits
         if len(first) < 2 or not first_write:
             return
         never = len(history)
         by_first = sorted(first, key=first.__getitem__)
         writers = sorted(first_write, key=first_write.__getitem__)
-        for x, (i, clock, write) in enumerate(history):
+
+        def overlaps(b: int, i: int, clock: int) -> bool:
+            if ends[b][i] >= clock:
+                return False
+            bits = heard.get(b, 0) & ~(1 << b)
+            while bits:
+                q = (bits & -bits).bit_length() - 1
+                if q in ends and ends[q][i] >= clock:
+                    return False
+                bits &= bits - 1
+            return True
+
+        for x, (i, clock, write, _) in enumerate(history):
             if not write:
                 named = writers
             elif not cell.packet:
@@ -473,7 +496,7 @@ class Execution:
                 early = {b: y for b, y in first_read.items() if y < x}
                 named = sorted(early.keys() | first_write.keys(),
                                key=lambda b: min(first_write.get(b, never), early.get(b, never)))
-            b = next((b for b in named if b != rank_of[i] and b in ends and ends[b][i] < clock), None)
+            b = next((b for b in named if b != rank_of[i] and b in ends and overlaps(b, i, clock)), None)
             if b is not None:
                 rule = "slot-reuse" if space == "s" else "unfinished-write"
                 self._report(self.tbs[i], None, rule, f"its access to {space} of rank {rank} is not ordered "

@@ -15,9 +15,13 @@ Semaphores pass each chunk from stage to stage. The reduce and the store stages 
 chunks in one or more lanes; a lane works its chunks in order, one threadblock after the
 other, so the pipeline is as deep as the chunk count, and lanes staggered by a fraction of a
 chunk hide each other's latencies. The network threadblocks take turns, so one chunk's
-latency overlaps the next one's bytes. The reduce and store threadblocks open with a handshake inside the node (a peer's
-buffers are its caller's until its kernel starts), and every threadblock closes with one
-with the peers it touched.
+latency overlaps the next one's bytes. The reduce and store threadblocks open and close with
+a handshake inside the node (a peer's buffers are its caller's until its kernel starts and
+after it ends). The network threadblocks need none: a peer's next write into this GPU's
+scratch depends on data this GPU sends after its own reads of that scratch (the first
+exchange's slots), or after its next kernel started (the sums), so the collective's own
+dependencies order the launches (the verifier's slot-reuse rule proves it; a closing
+handshake would add a network latency after the last store).
 """
 
 from __future__ import annotations
@@ -26,12 +30,12 @@ from dataclasses import dataclass
 
 from ..errors import PlanError
 from ..topology import Topology
-from .plan import (MAX_CHANNELS, MAX_CHANNELS_PER_OP, MAX_MESSAGE_SIZE, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, Channel,
+from .plan import (MAX_CHANNELS, MAX_CHANNELS_PER_OP, MAX_MESSAGE_SIZE, MAX_OPERATIONS, Channel,
                    ExecutionPlan, GpuPlan, Op, Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock, bounded)
 
 #: Operations per chunk of each stage, and the fixed ones of its threadblock (handshakes).
 _PER_CHUNK = {"reduce": 3, "network": 11, "store": 3}
-_FIXED = {"reduce": 10, "network": 5, "store": 11}
+_FIXED = {"reduce": 10, "network": 0, "store": 11}
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,6 @@ def nvls_pipeline_plan(topology: Topology, name: str, inplace: bool, chunks: int
         raise PlanError(f"{lanes} lanes for {chunks} pipeline chunks: expected 1 to {chunks}")
     stages = {"reduce": _stage_blocks(chunks, lanes, "reduce"), "network": _network_blocks(chunks),
               "store": _stage_blocks(chunks, lanes, "store")}
-    if len(stages["store"]) > MAX_SEMAPHORES_PER_OP:
-        raise PlanError(f"{chunks} pipeline chunks in {lanes} lanes: more than {MAX_SEMAPHORES_PER_OP} store "
-                        "threadblocks, which every network threadblock must wait for in one operation")
     gpus = tuple(_gpu(topology, shape, stages, rank, inplace) for rank in range(topology.nranks))
     return bounded(ExecutionPlan(name, "allreduce", "Simple", inplace, gpus, min_message_size=min_message_size,
                                  max_message_size=max_message_size))
@@ -215,9 +216,6 @@ def _gpu(topology: Topology, shape: Shape, stages: dict[str, Blocks], rank: int,
                        dst=tuple(Operand(None, shape.summed(j, k), u, buffer_id=i) for i in everyone)),
                     Op("wait", "port", everyone), Op("nop"),
                     Op("sem_release", semaphore_ids=(sem("summed", j),))]
-        # the peers write this GPU's sums, which the store threadblocks read: close after them
-        ops += [Op("sem_acquire", semaphore_ids=tuple(sem("stored", c, b) for c in range(ns))), Op("nop"),
-                Op("signal", "port", everyone), Op("wait", "port", everyone)]
         first = b * len(rail_peers)
         tbs.append(Threadblock(len(tbs), tuple(ops), (TbChannels("port", tuple(range(first, first + len(rail_peers)))),),
                                (TbBuffers("port", tuple(range(len(buffers)))),)))
@@ -228,10 +226,7 @@ def _gpu(topology: Topology, shape: Shape, stages: dict[str, Blocks], rank: int,
             ops += [Op("sem_acquire", semaphore_ids=(sem("summed", j),)), Op("nop"),
                     Op("gstore", "switch", src=(Operand("s", shape.summed(j, 0), shape.nodes * shape.size(j)),),
                        dst=(Operand(None, shape.chunk(h, j), shape.nodes * shape.size(j), switch_channel_id=0),))]
-        done = [sem("stored", c, b) for b in range(nn)]
-        ops += [Op("nop"), *(Op("sem_release", semaphore_ids=tuple(done[i:i + MAX_SEMAPHORES_PER_OP]))
-                             for i in range(0, nn, MAX_SEMAPHORES_PER_OP)), *give]
-        ops += handshake("memory", len(node_peers))
+        ops += [Op("nop"), *give, *handshake("memory", len(node_peers))]
         tbs.append(_tb(len(tbs), ops, range(memory_tables, memory_tables + len(node_peers)), (out_switch,)))
         memory_tables += len(node_peers)
     channels = (tuple(Channel("memory", connected_to=node_peers) for _ in range(nr + ns))

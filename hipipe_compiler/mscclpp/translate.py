@@ -9,10 +9,11 @@ execution plan out, following mscclpp.md sections 5 and 7.
 - Dependencies between threadblocks become semaphores, one per (producer, consumer) pair.
 - Local hazards get a `nop` (section 3.3): before a signal or release that publishes writes,
   after a wait or acquire before data is used, and between overlapping local operations.
-- In a Simple plan, a closing handshake on every connection (the receiver signals once it
-  has read all its slots; the sender waits for it) makes the next launch's writes land after
-  this launch's reads, and proves that the proxy has read every port source before the
-  kernel ends. An LL plan needs none: it moves packets only, on a double scratch buffer that
+- In a Simple plan, a connection closes with a handshake (the receiver signals once it has
+  read all its slots; the sender waits for it) where it must make the next launch's writes
+  land after this launch's reads, and the proxy's reads of port sources: where the
+  collective's own dependencies already order every slot of the connection, it needs none
+  (`_closing_handshakes`). An LL plan needs none: it moves packets only, on a double scratch buffer that
   alternates halves between launches, and no rank can finish a launch before every other
   rank has started it (its result needs their inputs), so a write of launch N+1 never meets
   a read of launch N-1, the proxy's included (they end before the receiver has the packets).
@@ -162,13 +163,14 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
     slots = _receive_slots(program, kind, packets, ranks)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
     edges = _semaphores(program, ranks)
+    closing = frozenset() if double else _closing_handshakes(program)
     gpus = []
     logical = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
     for gpu in program.gpus:
         state = ranks[gpu.id]
         tbs = []
         for tb in gpu.threadblocks:
-            emit = _Emission(program, gpu.id, tb, state, kind, slots, sends, edges, logical, closing=not double)
+            emit = _Emission(program, gpu.id, tb, state, kind, slots, sends, edges, logical, closing)
             tbs.append(emit.threadblock())
         scratch = max(math.ceil(state.plain_end / 2), state.packet_end) if packets else state.plain_end
         channels = tuple(Channel(t, tuple(peers)) for t, peers in (("memory", state.memory), ("port", state.port)) if peers)
@@ -200,6 +202,75 @@ def _real_steps(steps: tuple[Step, ...]) -> list[tuple[int, Step, list[tuple[int
             out.append((pos, st, pending))
             pending = []
     return out
+
+
+def _closing_handshakes(program: Program) -> frozenset[Conn]:
+    """The connections of a Simple plan that close with a handshake (the receiver signals once
+    it has read all its slots, the sender waits for that), so that the sender's next launch
+    writes only into slots that were read. The others need none, since each of their slots
+    is safe by the collective's own dependencies: either its receive happens before some step
+    of the sender, whose kernel, and so its next launch, then cannot start before the read;
+    or its send happens after some step of the receiver, so that in the next launch it again
+    follows the receiver's next kernel start (the verifier's slot-reuse rule proves both)."""
+    nodes: dict[tuple[int, int, int], int] = {}  # (rank, tb, position) -> step number
+    rank_of: list[int] = []
+    edges: list[list[int]] = []
+    sent: dict[Conn, list[int]] = defaultdict(list)
+    received: dict[Conn, list[int]] = defaultdict(list)
+    for gpu in program.gpus:
+        for tb in gpu.threadblocks:
+            previous = None
+            for pos, st, _ in _real_steps(tb.steps):
+                node = nodes[(gpu.id, tb.id, pos)] = len(rank_of)
+                rank_of.append(gpu.id)
+                edges.append([])
+                if previous is not None:
+                    edges[previous].append(node)
+                previous = node
+                if st.sends:
+                    sent[(tb.chan, gpu.id, tb.send)].append(node)
+                if st.receives:
+                    received[(tb.chan, tb.recv, gpu.id)].append(node)
+    for gpu in program.gpus:
+        for tb in gpu.threadblocks:
+            for pos, _st, deps in _real_steps(tb.steps):
+                for depid, dep in set(deps):
+                    if depid != tb.id:
+                        edges[nodes[(gpu.id, depid, dep)]].append(nodes[(gpu.id, tb.id, pos)])
+    for conn, senders in sent.items():
+        for a, b in zip(senders, received.get(conn, ())):
+            edges[a].append(b)
+    order = _topological(edges)
+    after = [1 << r for r in rank_of]  # the ranks with a step after each step
+    before = list(after)  # the ranks with a step before it
+    for node in order:
+        for nxt in edges[node]:
+            before[nxt] |= before[node]
+    for node in reversed(order):
+        for nxt in edges[node]:
+            after[node] |= after[nxt]
+    return frozenset(conn for conn, reads in received.items() if not all(
+        after[read] >> conn[1] & 1 or before[write] >> conn[2] & 1 for write, read in zip(sent[conn], reads)))
+
+
+def _topological(edges: list[list[int]]) -> list[int]:
+    """The steps in an order where every edge goes forward (the program verifies deadlock-free)."""
+    indegree = [0] * len(edges)
+    for outs in edges:
+        for node in outs:
+            indegree[node] += 1
+    ready = [node for node, d in enumerate(indegree) if d == 0]
+    order = []
+    while ready:
+        node = ready.pop()
+        order.append(node)
+        for nxt in edges[node]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    if len(order) != len(edges):
+        raise PlanError("the program's steps wait on each other in a cycle")
+    return order
 
 
 def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks: list[_Rank]) -> dict:
@@ -270,10 +341,9 @@ class _Emission:
     """One threadblock's operations (the cases of mscclpp.md 5 and 7)."""
 
     def __init__(self, program: Program, rank: int, tb, state: _Rank, kind: dict, slots: dict, sends: dict,
-                 edges: dict, logical: dict[str, int], closing: bool = True) -> None:
+                 edges: dict, logical: dict[str, int], closing: frozenset[Conn]) -> None:
         self.program, self.rank, self.tb, self.state = program, rank, tb, state
-        self.closing = closing
-        self.slots, self.sends, self.edges = slots, sends, edges
+        self.slots, self.sends, self.edges, self.closing = slots, sends, edges, closing
         self.ops = _Ops(program.collective, rank, logical["i"], logical["o"])
         self.send_conn = (tb.chan, rank, tb.send) if tb.send >= 0 else None
         self.recv_conn = (tb.chan, tb.recv, rank) if tb.recv >= 0 else None
@@ -304,9 +374,9 @@ class _Emission:
             self.step(pos, st)
             for i in range(0, len(released), MAX_SEMAPHORES_PER_OP):
                 self.ops.publish(Op("sem_release", semaphore_ids=tuple(released[i:i + MAX_SEMAPHORES_PER_OP])))
-        if self.recv_conn is not None and self.closing:  # closing handshake: every slot of this connection is read
+        if self.recv_conn in self.closing:  # closing handshake: every slot of this connection is read
             self.ops.publish(Op("signal", self.recv_kind, (self.recv_channel,)))
-        if self.send_conn is not None and self.closing:
+        if self.send_conn in self.closing:
             self.ops.sync_in(Op("wait", self.send_kind, (self.send_channel,)))
         ops = tuple(self.ops.ops)
         if len(ops) > MAX_OPERATIONS:

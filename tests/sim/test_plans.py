@@ -66,6 +66,17 @@ def test_a_simple_plan_pays_one_closing_signal_more_than_xml():
     assert ours == pytest.approx(xml + 2.0, rel=1e-6)
 
 
+def test_a_simple_allreduce_whose_dependencies_order_every_slot_closes_nothing_and_takes_the_xml_time():
+    """Every slot's next write follows its read through the all-reduce's own data (the sender
+    waits for what the receiver sends after reading, or writes only after hearing from it):
+    no connection closes with a handshake, and the plan pays exactly the XML program's time."""
+    topo = Topology((Dimension(4, "switch", 100.0, 2.0), Dimension(2, "switch", 25.0, 5.0, link="network")))
+    program, plan = fit(hierarchical_plan(topo, "allreduce", protocol="Simple", max_bytes=1 << 20), topo, "t")
+    assert not any(tb.ops[-1].name == "wait" for g in plan.gpus for tb in g.threadblocks)
+    for size in (1 << 12, 1 << 20):
+        assert time_plan(plan, topo, size).time_us == pytest.approx(simulate_exact(program, topo, size).time_us, rel=1e-9)
+
+
 def test_time_is_bounded_below_and_grows_with_size():
     topo = preset("dgx-h100-8x2")
     _, plan = fit(hierarchical_plan(topo, "allreduce", chunks=4, max_bytes=1 << 30), topo, "t")

@@ -13,6 +13,7 @@ from hipipe_compiler.compiler import CompileOptions, VerificationFailed
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.msccl.runtime import Limits
 from hipipe_compiler.msccl.verify import Violation
+from hipipe_compiler.mscclpp.translate import translate
 from hipipe_compiler.plan_compiler import compile_plans, time_plan, timed_size
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.presets import preset
@@ -34,9 +35,10 @@ def test_the_fastest_hierarchical_schedule_that_fits_stands_in_not_the_first(mon
     times = []
     for chunks in (4, 2, 1):
         for protocol in ("Simple", "LL"):
-            _, plan = real(hierarchical_plan(topo, "reducescatter", chunks=chunks, protocol=protocol, min_bytes=size,
-                                             max_bytes=size), topo, "stand-in")
-            times.append(time_plan(plan, topo, timed_size(plan, size)).time_us)
+            program, plan = real(hierarchical_plan(topo, "reducescatter", chunks=chunks, protocol=protocol,
+                                                   min_bytes=size, max_bytes=size), topo, "stand-in")
+            opened = translate(program, topo, "stand-in", opening=True)  # handshakes open where that is faster
+            times.append(min(time_plan(p, topo, timed_size(plan, size)).time_us for p in (plan, opened)))
     assert cp.details["predicted_us"] == min(times) < times[0]
 
 

@@ -13,7 +13,7 @@ execution plan out, following mscclpp.md sections 5 and 7.
   read all its slots; the sender waits for it) where it must make the next launch's writes
   land after this launch's reads, and the proxy's reads of port sources: where the
   collective's own dependencies already order every slot of the connection, it needs none
-  (`_closing_handshakes`). An LL plan needs none: it moves packets only, on a double scratch buffer that
+  (`handshake_connections`). An LL plan needs none: it moves packets only, on a double scratch buffer that
   alternates halves between launches, and no rank can finish a launch before every other
   rank has started it (its result needs their inputs), so a write of launch N+1 never meets
   a read of launch N-1, the proxy's included (they end before the receiver has the packets).
@@ -135,9 +135,12 @@ class _Rank:
 
 
 def translate(program: Program, topology: Topology, name: str, inplace: bool = False,
-              node_size: int | None = None) -> ExecutionPlan:
+              node_size: int | None = None, opening: bool = False) -> ExecutionPlan:
     """The execution plan that runs `program` on MSCCL++; PlanError when it cannot be expressed
-    within the executor's limits (the message names the limit)."""
+    within the executor's limits (the message names the limit). With `opening`, the
+    connections that need a handshake open with it instead of closing with it: the receiver
+    signals as its threadblock starts and the sender waits before its first send, which costs
+    nothing where that send comes a latency or more after the start."""
     if program.protocol == "LL128":
         raise PlanError("MSCCL++ has no LL128: compile for it with Simple or LL")
     if program.ngpus != topology.nranks:
@@ -163,14 +166,14 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
     slots = _receive_slots(program, kind, packets, ranks)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
     edges = _semaphores(program, ranks)
-    closing = frozenset() if double else _closing_handshakes(program)
+    closing = frozenset() if double else handshake_connections(program)
     gpus = []
     logical = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
     for gpu in program.gpus:
         state = ranks[gpu.id]
         tbs = []
         for tb in gpu.threadblocks:
-            emit = _Emission(program, gpu.id, tb, state, kind, slots, sends, edges, logical, closing)
+            emit = _Emission(program, gpu.id, tb, state, kind, slots, sends, edges, logical, closing, opening)
             tbs.append(emit.threadblock())
         scratch = max(math.ceil(state.plain_end / 2), state.packet_end) if packets else state.plain_end
         channels = tuple(Channel(t, tuple(peers)) for t, peers in (("memory", state.memory), ("port", state.port)) if peers)
@@ -204,7 +207,7 @@ def _real_steps(steps: tuple[Step, ...]) -> list[tuple[int, Step, list[tuple[int
     return out
 
 
-def _closing_handshakes(program: Program) -> frozenset[Conn]:
+def handshake_connections(program: Program) -> frozenset[Conn]:
     """The connections of a Simple plan that close with a handshake (the receiver signals once
     it has read all its slots, the sender waits for that), so that the sender's next launch
     writes only into slots that were read. The others need none, since each of their slots
@@ -341,9 +344,10 @@ class _Emission:
     """One threadblock's operations (the cases of mscclpp.md 5 and 7)."""
 
     def __init__(self, program: Program, rank: int, tb, state: _Rank, kind: dict, slots: dict, sends: dict,
-                 edges: dict, logical: dict[str, int], closing: frozenset[Conn]) -> None:
+                 edges: dict, logical: dict[str, int], closing: frozenset[Conn], opening: bool = False) -> None:
         self.program, self.rank, self.tb, self.state = program, rank, tb, state
-        self.slots, self.sends, self.edges, self.closing = slots, sends, edges, closing
+        self.slots, self.sends, self.edges = slots, sends, edges
+        self.closing, self.opening = closing, opening
         self.ops = _Ops(program.collective, rank, logical["i"], logical["o"])
         self.send_conn = (tb.chan, rank, tb.send) if tb.send >= 0 else None
         self.recv_conn = (tb.chan, tb.recv, rank) if tb.recv >= 0 else None
@@ -367,16 +371,23 @@ class _Emission:
         return len(self.channels[ctype]) - 1
 
     def threadblock(self) -> Threadblock:
+        receiving = self.recv_conn in self.closing
+        sending = self.send_conn in self.closing
+        if receiving and self.opening:  # opening handshake: this launch's kernel has started
+            self.ops.publish(Op("signal", self.recv_kind, (self.recv_channel,)))
         for pos, st, _deps in _real_steps(self.tb.steps):
             acquired, released = self.edges.get((self.rank, self.tb.id, pos), ([], []))
             for i in range(0, len(acquired), MAX_SEMAPHORES_PER_OP):
                 self.ops.sync_in(Op("sem_acquire", semaphore_ids=tuple(acquired[i:i + MAX_SEMAPHORES_PER_OP])))
+            if sending and self.opening and st.sends:
+                self.ops.sync_in(Op("wait", self.send_kind, (self.send_channel,)))
+                sending = False
             self.step(pos, st)
             for i in range(0, len(released), MAX_SEMAPHORES_PER_OP):
                 self.ops.publish(Op("sem_release", semaphore_ids=tuple(released[i:i + MAX_SEMAPHORES_PER_OP])))
-        if self.recv_conn in self.closing:  # closing handshake: every slot of this connection is read
+        if receiving and not self.opening:  # closing handshake: every slot of this connection is read
             self.ops.publish(Op("signal", self.recv_kind, (self.recv_channel,)))
-        if self.send_conn in self.closing:
+        if sending and not self.opening:
             self.ops.sync_in(Op("wait", self.send_kind, (self.send_channel,)))
         ops = tuple(self.ops.ops)
         if len(ops) > MAX_OPERATIONS:

@@ -19,6 +19,7 @@ from hipipe_compiler.plan_compiler import size_multiple
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op, largest_message_size, message_sizes
 from hipipe_compiler.mscclpp.reader import read_plan_text
+from hipipe_compiler.mscclpp.translate import translate
 from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
 from hipipe_compiler.mscclpp.verify.execution import clock_type
 from hipipe_compiler.presets import preset
@@ -228,3 +229,22 @@ def test_a_slot_is_reused_safely_after_an_opening_or_a_closing_handshake(handsha
 def test_a_slot_whose_next_write_nothing_orders_after_its_read_is_rejected():
     # the peer's next launch may start as soon as it has this rank's data, before this rank read its slot
     assert verify_plan(_exchange("none")).rules() == {"slot-reuse"}
+
+
+def test_opening_handshakes_verify_and_are_rejected_without_their_wait():
+    """The Simple ring all-gather with the handshakes it needs opening instead of closing:
+    proven in every layout; with the first wait of a threadblock that opens one dropped, a
+    peer may write a slot before this launch has started (or the signals no longer balance)."""
+    topo = preset("dgx-h100-8x2")
+    program, closed = fit(ring_plan(topo, "allgather", protocol="Simple", max_bytes=1 << 20), topo, "t")
+    opened = translate(program, topo, "t", opening=True)
+    for layout in ("separate", "inplace"):
+        report = verify_plan(replace(opened, inplace=layout == "inplace"), (layout,))
+        assert report.ok, [str(v) for v in report.violations[:3]]
+    g = opened.gpus[0]
+    i, tb = next((i, tb) for i, tb in enumerate(g.threadblocks) if tb.ops != closed.gpus[0].threadblocks[i].ops)
+    first_wait = next(k for k, op in enumerate(tb.ops) if op.name == "wait")
+    tbs = list(g.threadblocks)
+    tbs[i] = replace(tb, ops=tb.ops[:first_wait] + tb.ops[first_wait + 1:])
+    broken = replace(opened, gpus=(replace(g, threadblocks=tuple(tbs)), *opened.gpus[1:]))
+    assert verify_plan(broken).rules() & {"slot-reuse", "signal-balance", "unpublished-read"}

@@ -9,11 +9,14 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from hipipe_compiler.compiler import CompileOptions
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.mscclpp.nvls import nvls_allreduce_plan
 from hipipe_compiler.mscclpp.nvls_pipeline import nvls_pipeline_plan, staggered
 from hipipe_compiler.mscclpp.plan import ExecutionPlan
-from hipipe_compiler.plan_compiler import timed_size
+from hipipe_compiler.mscclpp.translate import translate
+from hipipe_compiler.mscclpp.verify import verify_plan
+from hipipe_compiler.plan_compiler import compile_plans, timed_size
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.sim.plans import symmetric, time_plan
 from hipipe_compiler.presets import preset
@@ -75,6 +78,22 @@ def test_a_simple_allreduce_whose_dependencies_order_every_slot_closes_nothing_a
     assert not any(tb.ops[-1].name == "wait" for g in plan.gpus for tb in g.threadblocks)
     for size in (1 << 12, 1 << 20):
         assert time_plan(plan, topo, size).time_us == pytest.approx(simulate_exact(program, topo, size).time_us, rel=1e-9)
+
+
+@pytest.mark.parametrize("collective", ["reducescatter", "allgather"])
+def test_a_plan_opens_or_closes_its_handshakes_whichever_is_faster(collective):
+    """A reduce-scatter's network connections first send after the node's stage, so their
+    handshakes open (their latency hides behind that stage); an all-gather's send at once, so
+    theirs close. The compiled plan takes the faster, here the XML program's time; the other
+    way pays the network's or NVLink's latency more."""
+    topo = Topology((Dimension(4, "switch", 100.0, 2.0, link="nvlink"), Dimension(2, "switch", 25.0, 5.0, link="network")))
+    options = CompileOptions(collective=collective, algorithm="hierarchical", protocol="Simple")
+    [cp] = compile_plans(topo, options, 1 << 20, 1 << 20)
+    ours, xml = time_plan(cp.plans[0], topo, 1 << 20).time_us, simulate_exact(cp.program, topo, 1 << 20).time_us
+    assert ours == pytest.approx(xml, rel=1e-9)
+    other = translate(cp.program, topo, "t", opening=collective != "reducescatter")
+    assert verify_plan(other).ok
+    assert time_plan(other, topo, 1 << 20).time_us > ours + 1.0
 
 
 def test_time_is_bounded_below_and_grows_with_size():

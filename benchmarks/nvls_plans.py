@@ -77,12 +77,13 @@ def points(machine: str) -> list[dict]:
         switched, free = [], []
         nodes = topo.nranks // topo.dimensions[0].size
         network_binds = lower_bound(topo, "allreduce", size).binding_from >= 1  # the nodes' suffix alone
+        freed = free_nvlink(topo)
         for build in switch_candidates(topo, "probe"):
             candidate = build(False)
             if size % size_multiple(candidate) == 0:
                 switched.append(time_plan(candidate, topo, size).time_us)
                 if network_binds and size in FREE_SIZES:
-                    free.append(time_plan(candidate, free_nvlink(topo), size).time_us)
+                    free.append(time_plan(candidate, freed, size).time_us)
         pick = nccl.pick(at)
         ours = time_plan(plan, topo, at).time_us
         out.append({"machine": machine, "nodes": nodes, "nbytes": size,

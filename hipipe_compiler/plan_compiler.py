@@ -270,8 +270,8 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
                 continue
             with watch.phase("predict"):
                 timed = time_plan(plan, topology, size)
-                if plan.protocol == "Simple" and handshake_connections(program):
-                    plan, timed = _sooner_handshakes(program, plan, timed, topology, size, node_size)
+                if plan.protocol == "Simple" and (handshakes := handshake_connections(program)):
+                    plan, timed = _sooner_handshakes(program, plan, timed, topology, size, node_size, handshakes)
                 out.append((program, plan, timed, size, schedule))
         return out
 
@@ -297,12 +297,12 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
 
 
 def _sooner_handshakes(program: Program, plan: ExecutionPlan, timed: SimResult, topology: Topology, size: int,
-                       node_size: int | None) -> tuple[ExecutionPlan, SimResult]:
+                       node_size: int | None, handshakes: frozenset) -> tuple[ExecutionPlan, SimResult]:
     """The plan whose connections that need a handshake close with it, or the same plan with
     them opening with it, whichever is faster at `size`: an opening handshake's latency hides
     behind the work before a connection's first send, a closing one's is paid at the end."""
     try:
-        opened = translate(program, topology, plan.name, False, node_size, opening=True)
+        opened = translate(program, topology, plan.name, False, node_size, opening=True, handshakes=handshakes)
     except TooManyOperations:  # its wait needs a nop more
         return plan, timed
     other = time_plan(opened, topology, size)

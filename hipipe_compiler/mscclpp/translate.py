@@ -135,12 +135,14 @@ class _Rank:
 
 
 def translate(program: Program, topology: Topology, name: str, inplace: bool = False,
-              node_size: int | None = None, opening: bool = False) -> ExecutionPlan:
+              node_size: int | None = None, opening: bool = False,
+              handshakes: frozenset[Conn] | None = None) -> ExecutionPlan:
     """The execution plan that runs `program` on MSCCL++; PlanError when it cannot be expressed
     within the executor's limits (the message names the limit). With `opening`, the
     connections that need a handshake open with it instead of closing with it: the receiver
     signals as its threadblock starts and the sender waits before its first send, which costs
-    nothing where that send comes a latency or more after the start."""
+    nothing where that send comes a latency or more after the start. `handshakes`: the
+    program's `handshake_connections`, where the caller has them already."""
     if program.protocol == "LL128":
         raise PlanError("MSCCL++ has no LL128: compile for it with Simple or LL")
     if program.ngpus != topology.nranks:
@@ -166,7 +168,7 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
     slots = _receive_slots(program, kind, packets, ranks)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
     edges = _semaphores(program, ranks)
-    closing = frozenset() if double else handshake_connections(program)
+    closing = frozenset() if double else handshake_connections(program) if handshakes is None else handshakes
     gpus = []
     logical = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
     for gpu in program.gpus:

@@ -37,7 +37,7 @@ from .plan_fitting import fit, threadblock_budget
 from .schedule import Plan, hierarchical_plan
 from .sim import simulate_exact
 from .sim.plans import symmetric, time_plan
-from .sim.simulate import SimResult
+from .sim.simulate import SimResult, SimulationError
 from .topology import Topology
 from .units import format_size
 from .windows import Window
@@ -58,6 +58,8 @@ MAX_CHUNK_RANKS = 4096
 #: The most memory proving a plan takes per operation, with room to spare (a 32-rank plan at
 #: 1 GiB takes 8 kB).
 PROOF_BYTES_PER_OP = 12 * 1024
+#: Receive slots per connection a Simple plan is tried with, in this order (translate's `pool`).
+POOLS = (2, 4)
 #: Steps per threadblock the search is run again with where its pick does not fit the
 #: executor: a step becomes three to nine operations, and a threadblock runs at most 64.
 REFIT_STEPS = 8
@@ -293,7 +295,44 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
                                                     max_bytes=hi) for k in (4, 2, 1) for p in choices)])
     if not found:
         raise errors[0] if errors else PlanError(f"window {cw.window.label}: no plan")
-    return _Translated(*min(found, key=lambda f: f[2].time_us), stand_in=stand_in)
+    return _Translated(*_pooled(topology, options, min(found, key=lambda f: f[2].time_us), node_size, watch),
+                       stand_in=stand_in)
+
+
+def _scratch_ratio(plan: ExecutionPlan) -> float:
+    """Scratch chunks per buffer chunk, on the rank that needs the most."""
+    return max(g.scratch_chunks / max(g.input_chunks or g.output_chunks, 1) for g in plan.gpus)
+
+
+def _pooled(topology: Topology, options: CompileOptions, best: tuple, node_size: int | None, watch: Stopwatch) -> tuple:
+    """`best` (program, plan, time, size, schedule), or, for a Simple plan, the same schedule
+    with each connection's receives in a pool of slots (translate's `pool`, fewest first)
+    where that needs less scratch and is no slower at `size`: the credits often cost nothing,
+    since a receiver reads a slot long before the sender comes round to it again. Pools that
+    deadlock (the credits close a cycle of waits) are passed over."""
+    program, plan, timed, size, schedule = best
+    if plan.protocol != "Simple":
+        return best
+    for pool in POOLS:
+        with watch.phase("lower"):
+            try:  # the program as it is, unless the credits take a threadblock past the executor's limit
+                pooled_program, pooled = program, translate(program, topology, plan.name, False, node_size, pool=pool)
+            except TooManyOperations:
+                try:
+                    pooled_program, pooled = fit(schedule, topology, plan.name, False, options.limits, node_size,
+                                                 pool=pool)
+                except PlanError:
+                    continue
+        if _scratch_ratio(pooled) >= _scratch_ratio(plan) or timed_size(pooled, size) != size:
+            continue
+        with watch.phase("predict"):
+            try:
+                result = time_plan(pooled, topology, size)
+            except SimulationError:
+                continue
+        if result.time_us <= timed.time_us:
+            return pooled_program, pooled, result, size, schedule
+    return best
 
 
 def _sooner_handshakes(program: Program, plan: ExecutionPlan, timed: SimResult, topology: Topology, size: int,

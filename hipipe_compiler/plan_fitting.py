@@ -51,8 +51,9 @@ def executor_limits(limits: Limits) -> Limits:
 
 
 def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits: Limits = Limits(),
-        node_size: int | None = None) -> tuple[Program, ExecutionPlan]:
-    """(program, execution plan) for `plan`; PlanError naming the limit when none fits.
+        node_size: int | None = None, pool: int | None = None) -> tuple[Program, ExecutionPlan]:
+    """(program, execution plan) for `plan`; PlanError naming the limit when none fits. `pool`
+    as in `translate` (its credits cost operations too).
 
     Steps across nodes cost the most operations (a staging copy and its nop besides the
     put), so the outer axes, where the network is, are cut shorter first, and the inner
@@ -68,7 +69,7 @@ def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits
         except PlanError as exc:
             raise PlanError(f"no threadblock length fits the MSCCL++ executor: {exc}") from None
         try:
-            return program, translate(program, topology, name, inplace, node_size)
+            return program, translate(program, topology, name, inplace, node_size, pool=pool)
         except TooManyOperations as exc:
             if exc.port and outer and outer_at + 1 < len(budgets):
                 outer_at += 1

@@ -9,11 +9,12 @@ import pytest
 
 from hipipe_compiler import plan_compiler
 from hipipe_compiler.background import can_fork
-from hipipe_compiler.compiler import CompileOptions, VerificationFailed
+from hipipe_compiler.compiler import CompileOptions, Stopwatch, VerificationFailed
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.msccl.runtime import Limits
 from hipipe_compiler.msccl.verify import Violation
 from hipipe_compiler.mscclpp.translate import translate
+from hipipe_compiler.mscclpp.verify import verify_plan
 from hipipe_compiler.plan_compiler import compile_plans, time_plan, timed_size
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.presets import preset
@@ -151,3 +152,32 @@ def test_the_windows_of_a_directory_build_and_check_each_in_switch_plan_once(mon
     assert len(out) >= 2 and all(cp.plans[0].needs_symmetric_memory for cp in out)  # both windows tried them
     assert len(builds) == len(set(builds)) and len({b[:2] for b in builds}) > 1  # once per shape and mode
     assert checked and len(checked) == len(set(checked))  # no plan checked twice, whichever window asked
+
+
+def _fitted(topo, chunks: int, size: int = 1 << 20) -> tuple:
+    """(program, plan, time, size, schedule) of a hierarchical schedule, as the compiler's choice."""
+    schedule = hierarchical_plan(topo, chunks=chunks, max_bytes=size)
+    program, plan = fit(schedule, topo, "t")
+    return program, plan, time_plan(plan, topo, size), size, schedule
+
+
+def test_a_simple_plan_takes_its_receives_in_a_pool_of_slots_where_that_costs_no_time():
+    topo = preset("dgx-h100-8x2")
+    best = _fitted(topo, 2)
+    _program, plan, timed, _size, _schedule = plan_compiler._pooled(topo, CompileOptions(), best, None, Stopwatch())
+    assert plan.gpus[0].scratch_chunks * 1.5 < best[1].gpus[0].scratch_chunks
+    assert timed.time_us <= best[2].time_us
+    assert verify_plan(plan).ok
+
+
+@pytest.mark.parametrize("name, chunks", [("dgx-h100-8x2", 2), ("torus-4x4", 4)])
+def test_a_pool_that_is_slower_or_deadlocks_is_passed_over(monkeypatch, name, chunks):
+    topo = preset(name)
+    best = _fitted(topo, chunks)
+    _, one = fit(best[4], topo, "t", pool=1)  # one slot per connection: slower on 8x2, a deadlock on the torus
+    try:
+        assert time_plan(one, topo, best[3]).time_us > best[2].time_us
+    except SimulationError as exc:
+        assert "deadlock" in str(exc)
+    monkeypatch.setattr(plan_compiler, "POOLS", (1,))
+    assert plan_compiler._pooled(topo, CompileOptions(), best, None, Stopwatch()) is best

@@ -1,11 +1,12 @@
 """Lowering for a one-sided runtime: a Program (two-sided MSCCL steps) in, an MSCCL++
 execution plan out, following mscclpp.md sections 5 and 7.
 
-- Every receive gets its own slot in the receiver's scratch for the launch, so no slot is
-  reused within a launch; the sender writes into it and signals (memory channel), or the
-  proxy does (`pws` on a port channel, from a scratch source it never rewrites in the
-  launch); LL sends packets into the slot and needs no signal, across nodes through the
-  proxy (`rppkt`), from the packets received or from a slot of its own it packs first.
+- Every receive gets a slot in the receiver's scratch: its own, or (`pool`, Simple) one of a
+  few its connection's receives take in turn, with a credit back before each is written
+  again; the sender writes into it and signals (memory channel), or the proxy does (`pws`
+  on a port channel, from a scratch source it never rewrites in the launch); LL sends
+  packets into the slot and needs no signal, across nodes through the proxy (`rppkt`), from
+  the packets received or from a slot of its own it packs first.
 - Dependencies between threadblocks become semaphores, one per (producer, consumer) pair.
 - Local hazards get a `nop` (section 3.3): before a signal or release that publishes writes,
   after a wait or acquire before data is used, and between overlapping local operations.
@@ -67,11 +68,16 @@ class TooManyOperations(PlanError):
 
 @dataclass(frozen=True)
 class Slot:
-    """Where a receive lands: chunks [index, index+size) of the receiver's scratch, as packets or plain."""
+    """Where a receive lands: chunks [index, index+size) of the receiver's scratch, as packets or
+    plain. A pooled slot is written again later in the launch: the receiver signals a credit
+    once it has read it (`credit_after`), and a sender writing a reused slot first waits for
+    the credit of the receive that held it before (`credit_before`)."""
 
     index: int
     size: int
     packet: bool
+    credit_after: bool = False
+    credit_before: bool = False
 
 
 class _Ops:
@@ -136,13 +142,16 @@ class _Rank:
 
 def translate(program: Program, topology: Topology, name: str, inplace: bool = False,
               node_size: int | None = None, opening: bool = False,
-              handshakes: frozenset[Conn] | None = None) -> ExecutionPlan:
+              handshakes: frozenset[Conn] | None = None, pool: int | None = None) -> ExecutionPlan:
     """The execution plan that runs `program` on MSCCL++; PlanError when it cannot be expressed
     within the executor's limits (the message names the limit). With `opening`, the
     connections that need a handshake open with it instead of closing with it: the receiver
     signals as its threadblock starts and the sender waits before its first send, which costs
     nothing where that send comes a latency or more after the start. `handshakes`: the
-    program's `handshake_connections`, where the caller has them already."""
+    program's `handshake_connections`, where the caller has them already. With `pool`, a Simple
+    plan's connection lands its receives in at most that many slots, in turn, with flow control
+    (a credit back per slot read before it is written again): its scratch then grows with the
+    chunks a connection carries at once, not with all it carries in the launch."""
     if program.protocol == "LL128":
         raise PlanError("MSCCL++ has no LL128: compile for it with Simple or LL")
     if program.ngpus != topology.nranks:
@@ -165,10 +174,13 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
                 state.channel_of[c] = (kind[c], len(table))
                 table.append(peer)
     double = packets
-    slots = _receive_slots(program, kind, packets, ranks)
+    if pool is not None and pool < 1:
+        raise PlanError(f"a pool of {pool} slots per connection: expected at least 1")
+    pool = None if packets else pool
+    slots = _receive_slots(program, kind, packets, ranks, pool)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
     edges = _semaphores(program, ranks)
-    closing = frozenset() if double else handshake_connections(program) if handshakes is None else handshakes
+    closing = frozenset() if double else handshake_connections(program, pool) if handshakes is None else handshakes
     gpus = []
     logical = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
     for gpu in program.gpus:
@@ -209,14 +221,16 @@ def _real_steps(steps: tuple[Step, ...]) -> list[tuple[int, Step, list[tuple[int
     return out
 
 
-def handshake_connections(program: Program) -> frozenset[Conn]:
+def handshake_connections(program: Program, pool: int | None = None) -> frozenset[Conn]:
     """The connections of a Simple plan that close with a handshake (the receiver signals once
     it has read all its slots, the sender waits for that), so that the sender's next launch
     writes only into slots that were read. The others need none, since each of their slots
     is safe by the collective's own dependencies: either its receive happens before some step
     of the sender, whose kernel, and so its next launch, then cannot start before the read;
     or its send happens after some step of the receiver, so that in the next launch it again
-    follows the receiver's next kernel start (the verifier's slot-reuse rule proves both)."""
+    follows the receiver's next kernel start (the verifier's slot-reuse rule proves both).
+    With a `pool` of slots per connection, what must be ordered is each slot's first write
+    after its last read (the credits order the writes in between)."""
     nodes: dict[tuple[int, int, int], int] = {}  # (rank, tb, position) -> step number
     rank_of: list[int] = []
     edges: list[list[int]] = []
@@ -255,7 +269,15 @@ def handshake_connections(program: Program) -> frozenset[Conn]:
         for nxt in edges[node]:
             after[node] |= after[nxt]
     return frozenset(conn for conn, reads in received.items() if not all(
-        after[read] >> conn[1] & 1 or before[write] >> conn[2] & 1 for write, read in zip(sent[conn], reads)))
+        after[read] >> conn[1] & 1 or before[write] >> conn[2] & 1 for write, read in _reuses(sent[conn], reads, pool)))
+
+
+def _reuses(writes: list[int], reads: list[int], pool: int | None) -> list[tuple[int, int]]:
+    """(first write, last read) of each slot of a connection: every receive's own, or each of
+    `pool` slots that take the receives in turn."""
+    if pool is None:
+        return list(zip(writes, reads))
+    return [(writes[i], reads[i + (len(reads) - 1 - i) // pool * pool]) for i in range(min(pool, len(reads), len(writes)))]
 
 
 def _topological(edges: list[list[int]]) -> list[int]:
@@ -278,9 +300,11 @@ def _topological(edges: list[list[int]]) -> list[int]:
     return order
 
 
-def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks: list[_Rank]) -> dict:
+def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks: list[_Rank],
+                   pool: int | None = None) -> dict:
     """Each receive's slot, keyed (rank, tb, position): packet slots first (they take 2C per
-    chunk, mscclpp.md 3.4), then the program's own scratch, then plain slots."""
+    chunk, mscclpp.md 3.4), then the program's own scratch, then plain slots (one per receive,
+    or a connection's `pool` of them in turn, each as large as the largest it takes)."""
     out: dict[tuple, Slot] = {}
     for gpu in program.gpus:
         state = ranks[gpu.id]
@@ -296,10 +320,23 @@ def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks
                 out[(gpu.id, tb.id, pos, "packed")] = Slot(state.packet_end, st.cnt, True)
                 state.packet_end += st.cnt
         state.plain_end = 2 * state.packet_end + gpu.s_chunks
-        for tb, pos, st in receives:
-            if (gpu.id, tb.id, pos) not in out:
+        plain = [(tb, pos, st) for tb, pos, st in receives if (gpu.id, tb.id, pos) not in out]
+        if pool is None:
+            for tb, pos, st in plain:
                 out[(gpu.id, tb.id, pos)] = Slot(state.plain_end, st.cnt, False)
                 state.plain_end += st.cnt
+            continue
+        per_conn: dict[tuple[int, int], list] = defaultdict(list)
+        for tb, pos, st in plain:
+            per_conn[(tb.chan, tb.recv)].append((tb, pos, st))
+        for occupants in per_conn.values():
+            starts = []
+            for i in range(min(pool, len(occupants))):
+                starts.append(state.plain_end)
+                state.plain_end += max(st.cnt for _tb, _pos, st in occupants[i::pool])
+            for k, (tb, pos, st) in enumerate(occupants):
+                out[(gpu.id, tb.id, pos)] = Slot(starts[k % pool], st.cnt, False, credit_after=k + pool < len(occupants),
+                                                 credit_before=k >= pool)
     return out
 
 
@@ -406,6 +443,16 @@ class _Emission:
         return Operand(buf, off, cnt)
 
     def step(self, pos: int, st: Step) -> None:
+        """A step's operations, behind the credit its send waits for where it writes a pooled
+        slot again, and before the credit it gives back where its slot is written again."""
+        target = self.sends.get((self.rank, self.tb.id, pos)) if st.sends else None
+        if target is not None and target.credit_before:
+            self.ops.sync_in(Op("wait", self.send_kind, (self.send_channel,)))
+        self._step(pos, st)
+        if st.receives and self.slots[(self.rank, self.tb.id, pos)].credit_after:
+            self.ops.publish(Op("signal", self.recv_kind, (self.recv_channel,)))
+
+    def _step(self, pos: int, st: Step) -> None:
         ops = self.ops
         src, dst = self.local(st.srcbuf, st.srcoff, st.cnt), self.local(st.dstbuf, st.dstoff, st.cnt)
         if st.type == "cpy":

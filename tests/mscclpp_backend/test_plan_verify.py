@@ -7,15 +7,16 @@ from __future__ import annotations
 import functools
 import json
 import re
+from pathlib import Path
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.plan_compiler import size_multiple
+from hipipe_compiler.plan_compiler import size_multiple, timed_size
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op, largest_message_size, message_sizes
 from hipipe_compiler.mscclpp.reader import read_plan_text
@@ -24,11 +25,14 @@ from hipipe_compiler.mscclpp.verify import layouts_of, verify_plan
 from hipipe_compiler.mscclpp.verify.execution import clock_type
 from hipipe_compiler.presets import preset
 from hipipe_compiler.sim.plans import time_plan
+from hipipe_compiler.sim.simulate import SimulationError
 from hipipe_compiler.schedule import hierarchical_plan, ring_plan
 
 from conftest import SHARED
 from plan_mutations import MUTATIONS
 from strategies import plans
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,14 +40,16 @@ def emitted(name: str, collective: str, protocol: str, schedule: str = "hierarch
     topo = preset(name)
     plan = (hierarchical_plan(topo, collective, chunks=2, protocol=protocol, max_bytes=1 << 20) if schedule != "ring"
             else ring_plan(topo, collective, protocol=protocol, max_bytes=1 << 20))
-    return fit(plan, topo, "t")[1]
+    return fit(plan, topo, "t", pool=2 if schedule == "pooled" else None)[1]
 
 
 #: a ring across nodes in LL forwards packets through the proxy; a Simple ring all-gather
-#: closes some of its connections with a handshake, where nothing else orders a slot's reuse
+#: closes some of its connections with a handshake, where nothing else orders a slot's reuse;
+#: a pooled plan writes its slots again within the launch, after the receiver's credit
 SUBJECTS = [("dgx-h100-8x2", "allreduce", "Simple"), ("dgx-h100-8x2", "reducescatter", "LL"),
             ("dgx-h100-8x1", "allreduce", "LL"), ("torus-4x4", "allgather", "Simple"),
-            ("dgx-h100-8x2", "allgather", "LL", "ring"), ("dgx-h100-8x2", "allgather", "Simple", "ring")]
+            ("dgx-h100-8x2", "allgather", "LL", "ring"), ("dgx-h100-8x2", "allgather", "Simple", "ring"),
+            ("dgx-h100-8x2", "allreduce", "Simple", "pooled")]
 
 
 @pytest.mark.parametrize("subject", SUBJECTS, ids="-".join)
@@ -86,6 +92,58 @@ def test_random_topologies_every_plan_verifies(plan, protocol, data):
     inplace = replace(ep, inplace=True)
     if program.inplace and ep.collective != "reducescatter":
         assert verify_plan(inplace).ok
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans(max_ranks=16, max_chunks=4), st.integers(1, 3))
+def test_random_pooled_plans_verify_unless_their_credits_deadlock_and_the_simulator_agrees(plan, pool):
+    """Receives in a pool of slots per connection: the credits either keep every write after
+    the read before it, or close a cycle of waits, which the verifier and the simulator (what
+    the compiler asks before it keeps a pooled plan) both find."""
+    topo = plan.topology
+    try:
+        _program, ep = fit(replace(plan, protocol="Simple"), topo, "pooled", pool=pool)
+    except PlanError:
+        assume(False)
+    m = size_multiple(ep)
+    size = max(-(-ep.min_message_size // m) * m, timed_size(ep, min(ep.max_message_size, 1 << 20)))
+    assume(size <= ep.max_message_size)
+    report = verify_plan(ep)
+    try:
+        time_plan(ep, topo, size)
+    except SimulationError as exc:
+        event("the credits deadlock")
+        assert "deadlock" in str(exc)
+        assert "deadlock" in report.rules(), [str(v) for v in report.violations[:3]]
+    else:
+        assert report.ok, [str(v) for v in report.violations[:3]]
+
+
+def test_pooled_slots_take_less_scratch_and_a_dropped_credit_is_caught():
+    """With two slots per connection, the 8x2 all-reduce needs about half the scratch and the
+    same time; without the wait for one credit, a sender may overwrite a slot its receiver has
+    not read (or the credits no longer balance)."""
+    topo = preset("dgx-h100-8x2")
+    program, plain = fit(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20), topo, "t")
+    pooled = emitted("dgx-h100-8x2", "allreduce", "Simple", "pooled")
+    assert pooled.gpus[0].scratch_chunks * 1.5 < plain.gpus[0].scratch_chunks
+    doc = " ".join((DOCS / "mscclpp.md").read_text().split())
+    assert (f"needs {pooled.gpus[0].scratch_chunks} scratch chunks per rank with two slots per connection instead of "
+            f"{plain.gpus[0].scratch_chunks}, in the same time") in doc
+    assert time_plan(pooled, topo, 1 << 20).time_us == pytest.approx(time_plan(plain, topo, 1 << 20).time_us)
+    g = pooled.gpus[0]
+    for i, tb in enumerate(g.threadblocks):
+        # a credit: a wait on the channel whose signal publishes the put that follows it
+        credit = next((k for k in range(len(tb.ops) - 2) if tb.ops[k].name == "wait" and tb.ops[k + 1].name == "nop"
+                       and tb.ops[k + 2].remote_writes and next(o for o in tb.ops[k + 2:] if o.name == "signal")
+                       .channel_ids == tb.ops[k].channel_ids), None)
+        if credit is not None:
+            break
+    assert credit is not None
+    tbs = list(g.threadblocks)
+    tbs[i] = replace(tb, ops=tb.ops[:credit] + tb.ops[credit + 1:])
+    broken = replace(pooled, gpus=(replace(g, threadblocks=tuple(tbs)), *pooled.gpus[1:]))
+    assert verify_plan(broken).rules() & {"slot-reuse", "signal-balance", "race"}
 
 
 @pytest.mark.parametrize("subject", SUBJECTS, ids="-".join)

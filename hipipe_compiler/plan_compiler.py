@@ -295,7 +295,7 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
                                                     max_bytes=hi) for k in (4, 2, 1) for p in choices)])
     if not found:
         raise errors[0] if errors else PlanError(f"window {cw.window.label}: no plan")
-    return _Translated(*_pooled(topology, options, min(found, key=lambda f: f[2].time_us), node_size, watch),
+    return _Translated(*_pooled(topology, options, min(found, key=lambda f: f[2].time_us), lo, node_size, watch),
                        stand_in=stand_in)
 
 
@@ -304,15 +304,20 @@ def _scratch_ratio(plan: ExecutionPlan) -> float:
     return max(g.scratch_chunks / max(g.input_chunks or g.output_chunks, 1) for g in plan.gpus)
 
 
-def _pooled(topology: Topology, options: CompileOptions, best: tuple, node_size: int | None, watch: Stopwatch) -> tuple:
+def _pooled(topology: Topology, options: CompileOptions, best: tuple, lo: int, node_size: int | None,
+            watch: Stopwatch) -> tuple:
     """`best` (program, plan, time, size, schedule), or, for a Simple plan, the same schedule
     with each connection's receives in a pool of slots (translate's `pool`, fewest first)
-    where that needs less scratch and is no slower at `size`: the credits often cost nothing,
-    since a receiver reads a slot long before the sender comes round to it again. Pools that
-    deadlock (the credits close a cycle of waits) are passed over."""
+    where that needs less scratch and is no slower at `size` nor at the smallest size from
+    `lo` it runs: the credits often cost nothing, since a receiver reads a slot long before
+    the sender comes round to it again. Pools that deadlock (the credits close a cycle of
+    waits) are passed over."""
     program, plan, timed, size, schedule = best
     if plan.protocol != "Simple":
         return best
+    m = size_multiple(plan)
+    low = min(size, max(m, lo + -lo % m))
+    low_time: list[float] = []  # the plan's own time there, once a pool asks
     for pool in POOLS:
         with watch.phase("lower"):
             try:  # the program as it is, unless the credits take a threadblock past the executor's limit
@@ -328,10 +333,15 @@ def _pooled(topology: Topology, options: CompileOptions, best: tuple, node_size:
         with watch.phase("predict"):
             try:
                 result = time_plan(pooled, topology, size)
+                if result.time_us > timed.time_us:
+                    continue
+                if low < size:
+                    low_time = low_time or [time_plan(plan, topology, low).time_us]
+                    if time_plan(pooled, topology, low).time_us > low_time[0]:
+                        continue
             except SimulationError:
                 continue
-        if result.time_us <= timed.time_us:
-            return pooled_program, pooled, result, size, schedule
+        return pooled_program, pooled, result, size, schedule
     return best
 
 

@@ -164,7 +164,8 @@ def _fitted(topo, chunks: int, size: int = 1 << 20) -> tuple:
 def test_a_simple_plan_takes_its_receives_in_a_pool_of_slots_where_that_costs_no_time():
     topo = preset("dgx-h100-8x2")
     best = _fitted(topo, 2)
-    _program, plan, timed, _size, _schedule = plan_compiler._pooled(topo, CompileOptions(), best, None, Stopwatch())
+    _program, plan, timed, _size, _schedule = plan_compiler._pooled(topo, CompileOptions(), best, 1 << 16, None,
+                                                                    Stopwatch())
     assert plan.gpus[0].scratch_chunks * 1.5 < best[1].gpus[0].scratch_chunks
     assert timed.time_us <= best[2].time_us
     assert verify_plan(plan).ok
@@ -180,4 +181,4 @@ def test_a_pool_that_is_slower_or_deadlocks_is_passed_over(monkeypatch, name, ch
     except SimulationError as exc:
         assert "deadlock" in str(exc)
     monkeypatch.setattr(plan_compiler, "POOLS", (1,))
-    assert plan_compiler._pooled(topo, CompileOptions(), best, None, Stopwatch()) is best
+    assert plan_compiler._pooled(topo, CompileOptions(), best, 1 << 16, None, Stopwatch()) is best

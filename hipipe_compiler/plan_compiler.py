@@ -325,7 +325,7 @@ def _pooled(topology: Topology, options: CompileOptions, best: tuple, lo: int, n
             except TooManyOperations:
                 try:
                     pooled_program, pooled = fit(schedule, topology, plan.name, False, options.limits, node_size,
-                                                 pool=pool)
+                                                 pool=pool, shorter_than=program.max_steps)
                 except PlanError:
                     continue
         if _scratch_ratio(pooled) >= _scratch_ratio(plan) or timed_size(pooled, size) != size:

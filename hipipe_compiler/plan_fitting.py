@@ -51,16 +51,20 @@ def executor_limits(limits: Limits) -> Limits:
 
 
 def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits: Limits = Limits(),
-        node_size: int | None = None, pool: int | None = None) -> tuple[Program, ExecutionPlan]:
+        node_size: int | None = None, pool: int | None = None,
+        shorter_than: int | None = None) -> tuple[Program, ExecutionPlan]:
     """(program, execution plan) for `plan`; PlanError naming the limit when none fits. `pool`
-    as in `translate` (its credits cost operations too).
+    as in `translate` (its credits cost operations too); `shorter_than` skips the step limits
+    from that one up (a caller whose program of that many steps was too long).
 
     Steps across nodes cost the most operations (a staging copy and its nop besides the
     put), so the outer axes, where the network is, are cut shorter first, and the inner
     ones only when their own threadblocks overflow."""
     limits = executor_limits(threadblock_budget(topology, limits))
     outer = range(1, len(plan.algorithms)) if not plan.flat else range(0)
-    budgets = [s for s in STEP_BUDGETS if s <= limits.max_steps]
+    budgets = [s for s in STEP_BUDGETS if s <= limits.max_steps and (shorter_than is None or s < shorter_than)]
+    if not budgets:
+        raise PlanError(f"no threadblock length under {shorter_than} steps is left to try")
     inner_at, outer_at = 0, 0
     while True:
         steps = {a: budgets[outer_at] for a in outer}

@@ -176,6 +176,8 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
     double = packets
     if pool is not None and pool < 1:
         raise PlanError(f"a pool of {pool} slots per connection: expected at least 1")
+    if pool is not None and handshakes is not None:
+        raise ValueError("a pooled plan's handshakes are its own: a pool can need more than the program's")
     pool = None if packets else pool
     slots = _receive_slots(program, kind, packets, ranks, pool)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
@@ -524,8 +526,8 @@ class _Emission:
                 ops.data(Op("re", src=(src, slot), dst=(slot,)))
         if store:
             ops.data(Op("copy", src=(value,), dst=(dst,)))
-        # the sender upstream rewrites a receive slot in its next launch, which may begin as soon
-        # as this launch has signalled that it read the slot: the proxy must be done with it
+        # the sender upstream rewrites a receive slot once this rank has signalled that it read
+        # it (a credit, or its next launch): the proxy must be done with it
         name = "pwsf" if value is slot else "pws"
         ops.data(Op(name, "port", (self.send_channel,), src=(value,), dst=(remote,)))
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import functools
 import json
 import re
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from hipipe_compiler.errors import PlanError
-from hipipe_compiler.plan_compiler import size_multiple, timed_size
+from hipipe_compiler.plan_compiler import POOLS, size_multiple, timed_size
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.mscclpp.plan import ExecutionPlan, Op, largest_message_size, message_sizes
 from hipipe_compiler.mscclpp.reader import read_plan_text
@@ -49,7 +49,7 @@ def emitted(name: str, collective: str, protocol: str, schedule: str = "hierarch
 SUBJECTS = [("dgx-h100-8x2", "allreduce", "Simple"), ("dgx-h100-8x2", "reducescatter", "LL"),
             ("dgx-h100-8x1", "allreduce", "LL"), ("torus-4x4", "allgather", "Simple"),
             ("dgx-h100-8x2", "allgather", "LL", "ring"), ("dgx-h100-8x2", "allgather", "Simple", "ring"),
-            ("dgx-h100-8x2", "allreduce", "Simple", "pooled")]
+            ("torus-4x4", "allgather", "Simple", "pooled")]
 
 
 @pytest.mark.parametrize("subject", SUBJECTS, ids="-".join)
@@ -94,15 +94,17 @@ def test_random_topologies_every_plan_verifies(plan, protocol, data):
         assert verify_plan(inplace).ok
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(plans(max_ranks=16, max_chunks=4), st.integers(1, 3))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plans(max_ranks=16, max_chunks=4), st.sampled_from((1, *POOLS)))
 def test_random_pooled_plans_verify_unless_their_credits_deadlock_and_the_simulator_agrees(plan, pool):
     """Receives in a pool of slots per connection: the credits either keep every write after
     the read before it, or close a cycle of waits, which the verifier and the simulator (what
-    the compiler asks before it keeps a pooled plan) both find."""
+    the compiler asks before it keeps a pooled plan) both find. Windows up to 1 MiB, so that
+    no offset limit stops the proof before it runs."""
     topo = plan.topology
     try:
-        _program, ep = fit(replace(plan, protocol="Simple"), topo, "pooled", pool=pool)
+        _program, ep = fit(replace(plan, protocol="Simple", min_bytes=min(plan.min_bytes, 1 << 20),
+                                   max_bytes=min(plan.max_bytes, 1 << 20)), topo, "pooled", pool=pool)
     except PlanError:
         assume(False)
     m = size_multiple(ep)
@@ -119,18 +121,18 @@ def test_random_pooled_plans_verify_unless_their_credits_deadlock_and_the_simula
         assert report.ok, [str(v) for v in report.violations[:3]]
 
 
-def test_pooled_slots_take_less_scratch_and_a_dropped_credit_is_caught():
-    """With two slots per connection, the 8x2 all-reduce needs about half the scratch and the
-    same time; without the wait for one credit, a sender may overwrite a slot its receiver has
-    not read (or the credits no longer balance)."""
-    topo = preset("dgx-h100-8x2")
-    program, plain = fit(hierarchical_plan(topo, chunks=2, max_bytes=1 << 20), topo, "t")
-    pooled = emitted("dgx-h100-8x2", "allreduce", "Simple", "pooled")
-    assert pooled.gpus[0].scratch_chunks * 1.5 < plain.gpus[0].scratch_chunks
+def test_pooled_slots_take_less_scratch_and_a_credit_waited_for_too_late_is_caught():
+    """With two slots per connection, torus-4x4's all-gather needs less than half the scratch
+    (at some cost in time, as the docs say); with one credit waited for after the write it guards instead of before,
+    a sender overwrites a slot its receiver may not have read (the signals still balance)."""
+    topo = preset("torus-4x4")
+    _program, plain = fit(hierarchical_plan(topo, "allgather", chunks=2, max_bytes=1 << 20), topo, "t")
+    pooled = emitted("torus-4x4", "allgather", "Simple", "pooled")
+    assert pooled.gpus[0].scratch_chunks * 2 < plain.gpus[0].scratch_chunks
+    slower = time_plan(pooled, topo, 1 << 20).time_us / time_plan(plain, topo, 1 << 20).time_us - 1
     doc = " ".join((DOCS / "mscclpp.md").read_text().split())
     assert (f"needs {pooled.gpus[0].scratch_chunks} scratch chunks per rank with two slots per connection instead of "
-            f"{plain.gpus[0].scratch_chunks}, in the same time") in doc
-    assert time_plan(pooled, topo, 1 << 20).time_us == pytest.approx(time_plan(plain, topo, 1 << 20).time_us)
+            f"{plain.gpus[0].scratch_chunks}, but at 1 MiB it is {slower:.0%} slower") in doc
     g = pooled.gpus[0]
     for i, tb in enumerate(g.threadblocks):
         # a credit: a wait on the channel whose signal publishes the put that follows it
@@ -140,10 +142,13 @@ def test_pooled_slots_take_less_scratch_and_a_dropped_credit_is_caught():
         if credit is not None:
             break
     assert credit is not None
+    ops = list(tb.ops)
+    ops.insert(credit + 2, ops.pop(credit))  # after the put
     tbs = list(g.threadblocks)
-    tbs[i] = replace(tb, ops=tb.ops[:credit] + tb.ops[credit + 1:])
-    broken = replace(pooled, gpus=(replace(g, threadblocks=tuple(tbs)), *pooled.gpus[1:]))
-    assert verify_plan(broken).rules() & {"slot-reuse", "signal-balance", "race"}
+    tbs[i] = replace(tb, ops=tuple(ops))
+    late = replace(pooled, gpus=(replace(g, threadblocks=tuple(tbs)), *pooled.gpus[1:]))
+    assert verify_plan(pooled).ok
+    assert verify_plan(late).rules() & {"slot-reuse", "race"}
 
 
 @pytest.mark.parametrize("subject", SUBJECTS, ids="-".join)

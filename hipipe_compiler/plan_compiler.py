@@ -29,7 +29,8 @@ from .msccl.program import Program
 from .msccl.verify import Report
 from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
 from .mscclpp.nvls_pipeline import describe, nvls_pipeline_plan, pipeline_shape, staggered
-from .mscclpp.plan import ExecutionPlan, context_scratch_bytes, largest_message_size, largest_size_within_scratch
+from .mscclpp.plan import (ExecutionPlan, context_scratch_bytes, largest_message_size, largest_size_within_scratch,
+                           scratch_per_chunk)
 from .mscclpp.translate import TooManyOperations, handshake_connections, ranks_per_node, translate
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import PlanWriter
@@ -299,11 +300,6 @@ def _best_plan(topology: Topology, options: CompileOptions, choices: tuple[str, 
                        stand_in=stand_in)
 
 
-def _scratch_ratio(plan: ExecutionPlan) -> float:
-    """Scratch chunks per buffer chunk, on the rank that needs the most."""
-    return max(g.scratch_chunks / max(g.input_chunks or g.output_chunks, 1) for g in plan.gpus)
-
-
 def _pooled(topology: Topology, options: CompileOptions, best: tuple, lo: int, node_size: int | None,
             watch: Stopwatch) -> tuple:
     """`best` (program, plan, time, size, schedule), or, for a Simple plan, the same schedule
@@ -317,7 +313,7 @@ def _pooled(topology: Topology, options: CompileOptions, best: tuple, lo: int, n
         return best
     m = size_multiple(plan)
     low = min(size, max(m, lo + -lo % m))
-    low_time: list[float] = []  # the plan's own time there, once a pool asks
+    plain_low: float | None = None  # the plan's own time at `low`, once a pool gets that far
     for pool in POOLS:
         with watch.phase("lower"):
             try:  # the program as it is, unless the credits take a threadblock past the executor's limit
@@ -328,7 +324,7 @@ def _pooled(topology: Topology, options: CompileOptions, best: tuple, lo: int, n
                                                  pool=pool, shorter_than=program.max_steps)
                 except PlanError:
                     continue
-        if _scratch_ratio(pooled) >= _scratch_ratio(plan) or timed_size(pooled, size) != size:
+        if scratch_per_chunk(pooled) >= scratch_per_chunk(plan):
             continue
         with watch.phase("predict"):
             try:
@@ -336,8 +332,9 @@ def _pooled(topology: Topology, options: CompileOptions, best: tuple, lo: int, n
                 if result.time_us > timed.time_us:
                     continue
                 if low < size:
-                    low_time = low_time or [time_plan(plan, topology, low).time_us]
-                    if time_plan(pooled, topology, low).time_us > low_time[0]:
+                    if plain_low is None:
+                        plain_low = time_plan(plan, topology, low).time_us
+                    if time_plan(pooled, topology, low).time_us > plain_low:
                         continue
             except SimulationError:
                 continue

@@ -304,6 +304,13 @@ def context_scratch_bytes(plan: ExecutionPlan) -> int:
     return worst
 
 
+def scratch_per_chunk(plan: ExecutionPlan) -> float:
+    """Scratch bytes per byte of a buffer chunk, on the rank that needs the most: what
+    `context_scratch_bytes` grows by with max_message_size."""
+    return max((g.scratch_chunks * _scratch_factor(plan) / (g.input_chunks or g.output_chunks)
+                for g in plan.gpus if g.input_chunks or g.output_chunks), default=0.0)
+
+
 def largest_size_within_scratch(plan: ExecutionPlan, budget: int) -> int:
     """The largest max_message_size whose `context_scratch_bytes` stays within budget bytes
     per rank (MAX_MESSAGE_SIZE where the plan keeps no scratch)."""

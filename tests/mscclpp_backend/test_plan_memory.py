@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hipipe_compiler.mscclpp.plan import MAX_MESSAGE_SIZE, context_scratch_bytes, largest_size_within_scratch
+from hipipe_compiler.mscclpp.plan import (MAX_MESSAGE_SIZE, context_scratch_bytes, largest_size_within_scratch,
+                                          scratch_per_chunk)
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
@@ -47,3 +48,16 @@ def test_a_plan_without_scratch_has_no_scratch_bound():
     plan = PLANS["allreduce", "Simple"]
     bare = replace(plan, gpus=tuple(replace(g, scratch_chunks=0) for g in plan.gpus))
     assert context_scratch_bytes(bare) == 0 and largest_size_within_scratch(bare, 1) == MAX_MESSAGE_SIZE
+
+
+
+def test_less_scratch_per_chunk_is_less_scratch_per_context():
+    """What the compiler compares pools by: with two slots per connection the all-reduce's
+    scratch per chunk byte drops, and so does every context's at the same largest size."""
+    plan = PLANS["allreduce", "Simple"]
+    pooled = fit(hierarchical_plan(TOPO, chunks=2, max_bytes=1 << 20), TOPO, "m", pool=2)[1]
+    assert 0 < scratch_per_chunk(pooled) < scratch_per_chunk(plan)
+    size = min(plan.max_message_size, pooled.max_message_size)
+    assert (context_scratch_bytes(replace(pooled, max_message_size=size))
+            < context_scratch_bytes(replace(plan, max_message_size=size)))
+    assert scratch_per_chunk(replace(plan, gpus=tuple(replace(g, scratch_chunks=0) for g in plan.gpus))) == 0

@@ -51,10 +51,10 @@ class _Unit:
 
 
 def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[Op]], raw: list[list[list[int]]],
-          cuts: dict[tuple[int, int], list[tuple[int, int, int]]], limits: Limits, build: bool = True,
-          first: list[tuple[Any, Layout]] | None = None) -> tuple[Program | None, dict[tuple[int, int], int], list[list[int]]]:
+          cuts: dict[tuple[int, int, int], list[tuple[int, int, int]]], limits: Limits, build: bool = True,
+          first: list[tuple[Any, Layout]] | None = None) -> tuple[Program | None, dict[tuple[int, int, int], int], list[list[int]]]:
     """Lay out every rank's steps for given segment cuts; report step-limit overflow per
-    (axis, lane) and the nops before each op's step. The Program is built only with `build`
+    group and the nops before each op's step. The Program is built only with `build`
     and when nothing overflows (lower() discards it otherwise).
 
     `first` holds the first rank's layout for the cuts it was made with: it is reused when
@@ -80,7 +80,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
         rank_frames.append(frames[keys])
     check_threadblocks(max(len(f.keys) for f in frames.values()), limits)
 
-    overflow: dict[tuple[int, int], int] = {}
+    overflow: dict[tuple[int, int, int], int] = {}
     layouts: list[Layout] = []
     scratch: list[int] = []  # per rank: scratch chunks used
     shared: tuple[Any, Layout] | None = None  # the first rank's schedule and its layout
@@ -105,8 +105,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
         layouts.append(layout)
         for t, length in enumerate(layout.tb_steps):
             if length > limits.max_steps:
-                role = gen.roles[frame.keys[t][0]]
-                key = (role.axis, role.lane)
+                key = gen.roles[frame.keys[t][0]].group
                 overflow[key] = max(overflow.get(key, 0), length - limits.max_steps)
         scratch.append(max((slot_offset(*loc) + op.cnt for op in ops for loc in (op.src, op.dst)
                             if loc is not None and loc[0] == "s"), default=0))
@@ -128,7 +127,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
             role = gen.roles[role_idx]
             axis = gen.axes[role.axis] if role.axis >= 0 else None
             send, recv = role.peers(axis, rank)
-            chan = channel_base[(role.axis, role.lane)] + seg if role.axis >= 0 else 0
+            chan = channel_base[role.group] + seg if role.axis >= 0 else 0
             tbs.append(Threadblock(t, send, recv, chan, tb_steps[t]))
         gpus.append(Gpu(rank, bufs["i"], bufs["o"], scratch[index], tuple(tbs)))
     program = Program(
@@ -139,7 +138,7 @@ def emit(plan: Plan, gen: Generator, ranks: list[int], per_rank_ops: list[list[O
     return program, overflow, nops_per_op
 
 
-def footprint(gen: Generator, ops: list[Op], cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> tuple[int, int]:
+def footprint(gen: Generator, ops: list[Op], cuts: dict[tuple[int, int, int], list[tuple[int, int, int]]]) -> tuple[int, int]:
     """(threadblocks, threadblocks + steps) a rank with these operations needs at least: one
     step per operation but the sends that fuse; more cuts (after overflow) and the nops that
     carry extra dependencies only add to them. Lowering refuses a plan from this floor

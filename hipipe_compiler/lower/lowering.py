@@ -114,7 +114,7 @@ def _lower(plan: Plan, limits: Limits, ranks: Sequence[int] | None, axis_steps: 
 
     # Segment with rank 0 alone first (cheap), then emit every rank with those budgets; ranks
     # whose dependencies need a few more nops make another round.
-    budgets: dict[tuple[int, int], int] = {}
+    budgets: dict[tuple[int, int, int], int] = {}
     first: list[tuple[Any, Layout]] = []  # the first rank's last layout and its cuts: emit reuses it
     probe = ([chosen[0]], per_rank_ops[:1], raw[:1])
     extra = [[0] * len(per_rank_ops[0])]

@@ -112,6 +112,13 @@ class Role:
         second tree run on roles of lane -1 - lane, and a flat axis translates by the chunk's lane."""
         return self.lane if self.lane >= 0 else -1 - self.lane
 
+    @property
+    def group(self) -> tuple[int, int, int]:
+        """The channels this role's threadblocks take: those of its axis and lane, apart for a
+        tree's roles, which would otherwise receive from a peer on the same channel as the
+        direct stages of other chunks on that axis."""
+        return self.axis, self.lane, int(self.algorithm == "tree")
+
     def peers(self, axis: Axis | None, rank: int) -> tuple[int, int]:
         if axis is None:
             return -1, -1

@@ -1,6 +1,6 @@
 """Pass 3 of lowering: roles longer than the step limit are cut, at the same message on
 every rank, into segments; each segment of a role is a threadblock of its own, on the next
-channel of its axis and lane."""
+channel of its group (axis and lane, see Role.group)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from .generate import Generator
 from .ops import Op
 
 
-def segment_cuts(gen: Generator, per_rank_ops: list[list[Op]], budgets: dict[tuple[int, int], int],
+def segment_cuts(gen: Generator, per_rank_ops: list[list[Op]], budgets: dict[tuple[int, int, int], int],
                   extra_steps: list[list[int]], axis_steps: Mapping[int, int] | None = None
-                  ) -> dict[tuple[int, int], list[tuple[int, int, int]]]:
-    """For each (axis, lane): the ticks at which a new threadblock segment starts; `axis_steps`
+                  ) -> dict[tuple[int, int, int], list[tuple[int, int, int]]]:
+    """For each group (Role.group): the ticks at which a new threadblock segment starts; `axis_steps`
     holds some axes' threadblocks shorter than the step limit."""
-    cuts: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    cuts: dict[tuple[int, int, int], list[tuple[int, int, int]]] = {}
     for key, ticks in _steps_per_tick(gen, per_rank_ops, extra_steps).items():
         default = min(gen.limits.max_steps, (axis_steps or {}).get(key[0], gen.limits.max_steps))
         cuts[key] = _cuts_within(ticks, budgets.get(key, default))
@@ -25,12 +25,12 @@ def segment_cuts(gen: Generator, per_rank_ops: list[list[Op]], budgets: dict[tup
 
 
 def _steps_per_tick(gen: Generator, per_rank_ops: list[list[Op]], extra_steps: list[list[int]]
-                    ) -> dict[tuple[int, int], dict[tuple[int, int, int], dict[int, int]]]:
-    """Per (axis, lane), per tick: the steps each (rank, role) spends there (keyed by
+                    ) -> dict[tuple[int, int, int], dict[tuple[int, int, int], dict[int, int]]]:
+    """Per group, per tick: the steps each (rank, role) spends there (keyed by
     rank * nroles + role). A send after a role's fusing receive costs only its nops."""
     nroles = len(gen.roles)
-    group_of = [(role.axis, role.lane) if role.axis >= 0 else None for role in gen.roles]
-    groups: dict[tuple[int, int], dict[tuple[int, int, int], dict[int, int]]] = {}
+    group_of = [role.group if role.axis >= 0 else None for role in gen.roles]
+    groups: dict[tuple[int, int, int], dict[tuple[int, int, int], dict[int, int]]] = {}
     for rank, ops in enumerate(per_rank_ops):
         extra = extra_steps[rank]
         prev_fuse = [False] * nroles
@@ -53,7 +53,7 @@ def _steps_per_tick(gen: Generator, per_rank_ops: list[list[Op]], extra_steps: l
 
 
 def _cuts_within(ticks: dict[tuple[int, int, int], dict[int, int]], budget: int) -> list[tuple[int, int, int]]:
-    """Cut an (axis, lane)'s ticks into segments in which no (rank, role) spends more than
+    """Cut a group's ticks into segments in which no (rank, role) spends more than
     `budget` steps; a cut goes at the start of the event in progress if that is inside the
     segment, else at the tick that overflows."""
     order = sorted(ticks)
@@ -82,27 +82,21 @@ def threadblock_keys(ops: list[Op], segments: list[int]) -> set[tuple[int, int]]
     return {(op.role, g) for op, g in zip(ops, segments)}
 
 
-def role_cuts(gen: Generator, cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> list[list[tuple[int, int, int]]]:
-    """Each role's cuts (those of its axis and lane)."""
-    return [cuts.get((role.axis, role.lane), []) if role.axis >= 0 else [] for role in gen.roles]
+def role_cuts(gen: Generator, cuts: dict[tuple[int, int, int], list[tuple[int, int, int]]]) -> list[list[tuple[int, int, int]]]:
+    """Each role's cuts (those of its group)."""
+    return [cuts.get(role.group, []) if role.axis >= 0 else [] for role in gen.roles]
 
 
-def channel_bases(cuts: dict[tuple[int, int], list[tuple[int, int, int]]]) -> tuple[dict[tuple[int, int], int], int]:
-    """The first channel of every (axis, lane) (its segments take successive channels; lanes
-    of one axis follow each other) and the number of channels."""
-    segs_of = {key: len(c) + 1 for key, c in cuts.items()}
-    channel_base: dict[tuple[int, int], int] = {}
-    by_axis: dict[int, list[int]] = defaultdict(list)
-    for axis, lane in sorted(segs_of):
-        by_axis[axis].append(lane)
-    nchannels = 1
-    for axis, lanes in by_axis.items():
-        base = 0
-        for lane in sorted(lanes):
-            channel_base[(axis, lane)] = base
-            base += segs_of[(axis, lane)]
-        nchannels = max(nchannels, base)
-    return channel_base, nchannels
+def channel_bases(cuts: dict[tuple[int, int, int], list[tuple[int, int, int]]]
+                  ) -> tuple[dict[tuple[int, int, int], int], int]:
+    """The first channel of every group (its segments take successive channels; the groups of
+    one axis follow each other) and the number of channels."""
+    channel_base: dict[tuple[int, int, int], int] = {}
+    used: dict[int, int] = defaultdict(int)  # per axis: the channels its groups take so far
+    for group in sorted(cuts):
+        channel_base[group] = used[group[0]]
+        used[group[0]] += len(cuts[group]) + 1
+    return channel_base, max(used.values(), default=1)
 
 
 def op_segments(ops: list[Op], role_cuts: list[list[tuple[int, int, int]]]) -> list[int]:

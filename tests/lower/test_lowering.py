@@ -14,7 +14,7 @@ from hipipe_compiler.msccl.runtime import piece_count
 from hipipe_compiler.msccl.verify import verify
 from hipipe_compiler.optimizer import Knobs
 from hipipe_compiler.optimizer import build_plan as hipipe_build
-from hipipe_compiler.schedule import hierarchical_plan, ring_plan
+from hipipe_compiler.schedule import ChunkPlan, Plan, hierarchical_plan, ring_plan
 from hipipe_compiler.schedule.baselines import tree_plan
 from hipipe_compiler.schedule.trees import nccl_tree, nccl_tree_fits
 from hipipe_compiler.sim import simulate
@@ -318,6 +318,27 @@ def test_hipipe_trees_verify_over_switch_dimensions(topo, chunks, protocol):
     except PlanError:
         return
     assert verify(program).ok
+
+
+@given(st.sampled_from([(5, 2), (4, 3), (3, 4)]), st.sampled_from(["fused", "split"]),
+       st.sampled_from(["fused", "split"]), st.sampled_from(["LL", "Simple"]), st.integers(0, 1))
+def test_a_tree_axis_that_other_chunks_reduce_scatter_over_receives_each_peer_in_one_threadblock(
+        sizes, layout0, layout1, protocol, lane):
+    """Chunks that end on a switch axis all-reduce over its tree; chunks that start there
+    exchange directly with every peer. The two must not receive from one peer on one channel
+    in two threadblocks (a connection the runtime gives one threadblock), as they once did."""
+    topo = Topology((Dimension(sizes[0], "switch", 25.0, 0.5, "d0"), Dimension(sizes[1], "switch", 25.0, 0.0, "d1")))
+    plan = Plan(topology=topo, collective="allreduce",
+                chunks=(ChunkPlan(units=2, order=(0, 1), direction=1, lane=0),
+                        ChunkPlan(units=1, order=(1, 0), direction=1, lane=lane)),
+                algorithms=("tree", "tree"), layouts=(layout0, layout1), protocol=protocol,
+                min_bytes=1 << 15, max_bytes=1 << 16, nominal_bytes=1 << 16, name="mixed")
+    program = lower(plan)
+    receivers = Counter((g.id, tb.chan, tb.recv) for g in program.gpus for tb in g.threadblocks if tb.recv >= 0)
+    assert max(receivers.values()) == 1
+    report = verify(program)
+    assert report.ok, report.violations[:3]
+    assert_within_limits(program)
 
 
 @pytest.mark.parametrize("coll", ["reducescatter", "allgather"])

@@ -31,7 +31,8 @@ from .mscclpp.nvls import nvls_allreduce_plan, switch_domain
 from .mscclpp.nvls_pipeline import describe, nvls_pipeline_plan, pipeline_shape, staggered
 from .mscclpp.plan import (ExecutionPlan, context_scratch_bytes, largest_message_size, largest_size_within_scratch,
                            scratch_per_chunk)
-from .mscclpp.translate import TooManyOperations, handshake_connections, ranks_per_node, translate
+from .mscclpp.ordering import handshake_connections
+from .mscclpp.translate import TooManyOperations, ranks_per_node, translate
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import PlanWriter
 from .plan_fitting import fit, threadblock_budget

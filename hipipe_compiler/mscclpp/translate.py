@@ -38,11 +38,11 @@ from ..errors import PlanError
 from ..msccl.program import Program, Step, buffer_chunks
 from ..topology import Topology
 from .memory import LAYOUTS, aliased_layout, overlaps, where
+from .ordering import Conn, handshake_connections, needless_credits, real_steps, step_graph
 from .plan import (MAX_MESSAGE_SIZE, MAX_OPERATIONS, MAX_SEMAPHORES_PER_OP, Channel, ExecutionPlan, GpuPlan, Op,
                    Operand, RemoteBuffer, TbBuffers, TbChannels, Threadblock, bounded)
 
 IN_NODE_LINKS = ("nvlink", "pcie")
-Conn = tuple[int, int, int]  # (channel, sender, receiver) of the MSCCL program
 
 
 def ranks_per_node(topology: Topology) -> int:
@@ -179,10 +179,12 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
     if pool is not None and handshakes is not None:
         raise ValueError("a pooled plan's handshakes are its own: a pool can need more than the program's")
     pool = None if packets else pool
-    slots = _receive_slots(program, kind, packets, ranks, pool)
+    graph = step_graph(program) if pool is not None else None
+    needless = needless_credits(graph, pool) if graph is not None and pool is not None else frozenset()
+    slots = _receive_slots(program, kind, packets, ranks, pool, needless)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
     edges = _semaphores(program, ranks)
-    closing = frozenset() if double else handshake_connections(program, pool) if handshakes is None else handshakes
+    closing = frozenset() if double else handshake_connections(program, pool, graph) if handshakes is None else handshakes
     gpus = []
     logical = buffer_chunks(program.collective, program.ngpus, program.nchunksperloop)
     for gpu in program.gpus:
@@ -211,106 +213,16 @@ def _connections(program: Program) -> set[Conn]:
     return out
 
 
-def _real_steps(steps: tuple[Step, ...]) -> list[tuple[int, Step, list[tuple[int, int]]]]:
-    """(position, step, dependencies) of each real step; a nop's dependency joins the next real step's."""
-    out, pending = [], []
-    for pos, st in enumerate(steps):
-        if st.depid >= 0:
-            pending.append((st.depid, st.deps))
-        if st.type != "nop":
-            out.append((pos, st, pending))
-            pending = []
-    return out
-
-
-def handshake_connections(program: Program, pool: int | None = None) -> frozenset[Conn]:
-    """The connections of a Simple plan that close with a handshake (the receiver signals once
-    it has read all its slots, the sender waits for that), so that the sender's next launch
-    writes only into slots that were read. The others need none, since each of their slots
-    is safe by the collective's own dependencies: either its receive happens before some step
-    of the sender, whose kernel, and so its next launch, then cannot start before the read;
-    or its send happens after some step of the receiver, so that in the next launch it again
-    follows the receiver's next kernel start (the verifier's slot-reuse rule proves both).
-    With a `pool` of slots per connection, what must be ordered is each slot's first write
-    after its last read (the credits order the writes in between)."""
-    nodes: dict[tuple[int, int, int], int] = {}  # (rank, tb, position) -> step number
-    rank_of: list[int] = []
-    edges: list[list[int]] = []
-    sent: dict[Conn, list[int]] = defaultdict(list)
-    received: dict[Conn, list[int]] = defaultdict(list)
-    for gpu in program.gpus:
-        for tb in gpu.threadblocks:
-            previous = None
-            for pos, st, _ in _real_steps(tb.steps):
-                node = nodes[(gpu.id, tb.id, pos)] = len(rank_of)
-                rank_of.append(gpu.id)
-                edges.append([])
-                if previous is not None:
-                    edges[previous].append(node)
-                previous = node
-                if st.sends:
-                    sent[(tb.chan, gpu.id, tb.send)].append(node)
-                if st.receives:
-                    received[(tb.chan, tb.recv, gpu.id)].append(node)
-    for gpu in program.gpus:
-        for tb in gpu.threadblocks:
-            for pos, _st, deps in _real_steps(tb.steps):
-                for depid, dep in set(deps):
-                    if depid != tb.id:
-                        edges[nodes[(gpu.id, depid, dep)]].append(nodes[(gpu.id, tb.id, pos)])
-    for conn, senders in sent.items():
-        for a, b in zip(senders, received.get(conn, ())):
-            edges[a].append(b)
-    order = _topological(edges)
-    after = [1 << r for r in rank_of]  # the ranks with a step after each step
-    before = list(after)  # the ranks with a step before it
-    for node in order:
-        for nxt in edges[node]:
-            before[nxt] |= before[node]
-    for node in reversed(order):
-        for nxt in edges[node]:
-            after[node] |= after[nxt]
-    return frozenset(conn for conn, reads in received.items() if not all(
-        after[read] >> conn[1] & 1 or before[write] >> conn[2] & 1 for write, read in _reuses(sent[conn], reads, pool)))
-
-
-def _reuses(writes: list[int], reads: list[int], pool: int | None) -> list[tuple[int, int]]:
-    """(first write, last read) of each slot of a connection: every receive's own, or each of
-    `pool` slots that take the receives in turn."""
-    if pool is None:
-        return list(zip(writes, reads))
-    return [(writes[i], reads[i + (len(reads) - 1 - i) // pool * pool]) for i in range(min(pool, len(reads), len(writes)))]
-
-
-def _topological(edges: list[list[int]]) -> list[int]:
-    """The steps in an order where every edge goes forward (the program verifies deadlock-free)."""
-    indegree = [0] * len(edges)
-    for outs in edges:
-        for node in outs:
-            indegree[node] += 1
-    ready = [node for node, d in enumerate(indegree) if d == 0]
-    order = []
-    while ready:
-        node = ready.pop()
-        order.append(node)
-        for nxt in edges[node]:
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
-    if len(order) != len(edges):
-        raise PlanError("the program's steps wait on each other in a cycle")
-    return order
-
-
 def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks: list[_Rank],
-                   pool: int | None = None) -> dict:
+                   pool: int | None = None, needless: frozenset[tuple[int, int, int]] = frozenset()) -> dict:
     """Each receive's slot, keyed (rank, tb, position): packet slots first (they take 2C per
     chunk, mscclpp.md 3.4), then the program's own scratch, then plain slots (one per receive,
-    or a connection's `pool` of them in turn, each as large as the largest it takes)."""
+    or a connection's `pool` of them in turn, each as large as the largest it takes, with a
+    credit before a slot is written again unless the receive is `needless` of one)."""
     out: dict[tuple, Slot] = {}
     for gpu in program.gpus:
         state = ranks[gpu.id]
-        steps = [(tb, pos, st) for tb in gpu.threadblocks for pos, st, _ in _real_steps(tb.steps)]
+        steps = [(tb, pos, st) for tb in gpu.threadblocks for pos, st, _ in real_steps(tb.steps)]
         receives = [(tb, pos, st) for tb, pos, st in steps if st.receives]
         for tb, pos, st in receives if packets else ():
             out[(gpu.id, tb.id, pos)] = Slot(state.packet_end, st.cnt, True)
@@ -336,9 +248,10 @@ def _receive_slots(program: Program, kind: dict[Conn, str], packets: bool, ranks
             for i in range(min(pool, len(occupants))):
                 starts.append(state.plain_end)
                 state.plain_end += max(st.cnt for _tb, _pos, st in occupants[i::pool])
+            credited = [k >= pool and (gpu.id, tb.id, pos) not in needless for k, (tb, pos, _st) in enumerate(occupants)]
             for k, (tb, pos, st) in enumerate(occupants):
-                out[(gpu.id, tb.id, pos)] = Slot(starts[k % pool], st.cnt, False, credit_after=k + pool < len(occupants),
-                                                 credit_before=k >= pool)
+                out[(gpu.id, tb.id, pos)] = Slot(starts[k % pool], st.cnt, False, credit_before=credited[k],
+                                                 credit_after=k + pool < len(occupants) and credited[k + pool])
     return out
 
 
@@ -348,14 +261,14 @@ def _send_slots(program: Program, slots: dict) -> dict:
     queues: dict[Conn, list[Slot]] = defaultdict(list)
     for gpu in program.gpus:
         for tb in gpu.threadblocks:
-            for pos, st, _ in _real_steps(tb.steps):
+            for pos, st, _ in real_steps(tb.steps):
                 if st.receives:
                     queues[(tb.chan, tb.recv, gpu.id)].append(slots[(gpu.id, tb.id, pos)])
     out = {}
     for gpu in program.gpus:
         for tb in gpu.threadblocks:
             sent = 0
-            for pos, st, _ in _real_steps(tb.steps):
+            for pos, st, _ in real_steps(tb.steps):
                 if st.sends:
                     queue = queues[(tb.chan, gpu.id, tb.send)]
                     if sent >= len(queue):
@@ -371,7 +284,7 @@ def _semaphores(program: Program, ranks: list[_Rank]) -> dict:
     for gpu in program.gpus:
         state = ranks[gpu.id]
         for tb in gpu.threadblocks:
-            for pos, _st, deps in _real_steps(tb.steps):
+            for pos, _st, deps in real_steps(tb.steps):
                 for depid, dep in sorted(set(deps)):
                     if depid == tb.id:
                         continue
@@ -416,7 +329,7 @@ class _Emission:
         sending = self.send_conn in self.closing
         if receiving and self.opening:  # opening handshake: this launch's kernel has started
             self.ops.publish(Op("signal", self.recv_kind, (self.recv_channel,)))
-        for pos, st, _deps in _real_steps(self.tb.steps):
+        for pos, st, _deps in real_steps(self.tb.steps):
             acquired, released = self.edges.get((self.rank, self.tb.id, pos), ([], []))
             for i in range(0, len(acquired), MAX_SEMAPHORES_PER_OP):
                 self.ops.sync_in(Op("sem_acquire", semaphore_ids=tuple(acquired[i:i + MAX_SEMAPHORES_PER_OP])))

@@ -9,7 +9,7 @@ not check.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Iterator
 
 #: The executor's constants (src/core/include/execution_common.hpp at 1f5f065d).
@@ -176,7 +176,9 @@ class GpuPlan:
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    """One JSON execution plan: what every rank runs for calls within [min, max] bytes."""
+    """One JSON execution plan: what every rank runs for calls within [min, max] bytes. Its
+    hash is kept once computed: plans key the compiler's proofs, and one holds every operation
+    of every rank."""
 
     name: str
     collective: str
@@ -189,6 +191,17 @@ class ExecutionPlan:
     buffer_alignment: int = 16
     reuse_resources: bool = False
     use_double_scratch_buffer: bool = False
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict:
+        """Without the hash kept: another process may hash strings differently."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @property
     def ngpus(self) -> int:

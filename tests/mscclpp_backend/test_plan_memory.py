@@ -3,6 +3,7 @@ window a scratch budget allows."""
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import replace
 
 import pytest
@@ -61,3 +62,17 @@ def test_less_scratch_per_chunk_is_less_scratch_per_context():
     assert (context_scratch_bytes(replace(pooled, max_message_size=size))
             < context_scratch_bytes(replace(plan, max_message_size=size)))
     assert scratch_per_chunk(replace(plan, gpus=tuple(replace(g, scratch_chunks=0) for g in plan.gpus))) == 0
+
+
+def test_a_plans_hash_is_kept_and_follows_its_content_not_its_pickle():
+    """Plans key the compiler's proofs, and each holds every operation of every rank: the hash
+    is computed once. A changed copy hashes anew, and a pickle (another process may hash
+    strings differently) carries no hash."""
+    plan = PLANS[("allreduce", "Simple")]
+    first = hash(plan)
+    assert plan.__dict__["_hash"] == first and hash(plan) == first
+    assert hash(replace(plan)) == first and replace(plan) == plan
+    changed = replace(plan, max_message_size=plan.max_message_size // 2)
+    assert changed != plan and "_hash" not in changed.__dict__
+    copy = pickle.loads(pickle.dumps(plan))
+    assert "_hash" not in copy.__dict__ and copy == plan and hash(copy) == first

@@ -120,7 +120,7 @@ def test_in_switch_parts_keep_a_gpu_side_fallback_for_jobs_without_symmetric_mem
     part keeps the window's GPU-side plan behind it (listed after every plan, same sizes,
     proven), which the selector and `hipipe coverage` run unless the job promises symmetric memory."""
     out = tmp_path / "plans"
-    done = run_hipipe("compile", "dgx-h100-8x4", "--backend", "mscclpp", "--sizes", "256MiB:512MiB", "-o", out)
+    done = run_hipipe("compile", "dgx-h100-8x4", "--backend", "mscclpp", "--sizes", "256MiB:480MiB", "-o", out)
     assert done.returncode == 0, done.stderr
     assert "MSCCLPP_NCCL_SYMMETRIC_MEMORY=1" in done.stdout and "fallback" in done.stdout
     entries = json.loads((out / ".hipipe" / "manifest.json").read_text())["plans"]

@@ -32,7 +32,7 @@ from .mscclpp.nvls_pipeline import describe, nvls_pipeline_plan, pipeline_shape,
 from .mscclpp.plan import (ExecutionPlan, context_scratch_bytes, largest_message_size, largest_size_within_scratch,
                            scratch_per_chunk)
 from .mscclpp.ordering import handshake_connections
-from .mscclpp.translate import TooManyOperations, ranks_per_node, translate
+from .mscclpp.translate import TooManyOperations, opens_handshakes, ranks_per_node, translate
 from .mscclpp.verify import layouts_of, verify_plan
 from .mscclpp.writer import PlanWriter
 from .plan_fitting import fit, threadblock_budget
@@ -308,21 +308,23 @@ def _pooled(topology: Topology, options: CompileOptions, best: tuple, lo: int, n
     where that needs less scratch and is no slower at `size` nor at the smallest size from
     `lo` it runs: the credits often cost nothing, since a receiver reads a slot long before
     the sender comes round to it again. Pools that deadlock (the credits close a cycle of
-    waits) are passed over."""
+    waits) are passed over. A plan whose handshakes open keeps them open."""
     program, plan, timed, size, schedule = best
     if plan.protocol != "Simple":
         return best
+    opening = opens_handshakes(plan)
     m = size_multiple(plan)
     low = min(size, max(m, lo + -lo % m))
     plain_low: float | None = None  # the plan's own time at `low`, once a pool gets that far
     for pool in POOLS:
         with watch.phase("lower"):
             try:  # the program as it is, unless the credits take a threadblock past the executor's limit
-                pooled_program, pooled = program, translate(program, topology, plan.name, False, node_size, pool=pool)
+                pooled_program, pooled = program, translate(program, topology, plan.name, False, node_size, opening,
+                                                             pool=pool)
             except TooManyOperations:
                 try:
                     pooled_program, pooled = fit(schedule, topology, plan.name, False, options.limits, node_size,
-                                                 pool=pool, shorter_than=program.max_steps)
+                                                 pool=pool, shorter_than=program.max_steps, opening=opening)
                 except PlanError:
                     continue
         if scratch_per_chunk(pooled) >= scratch_per_chunk(plan):

@@ -52,9 +52,9 @@ def executor_limits(limits: Limits) -> Limits:
 
 def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits: Limits = Limits(),
         node_size: int | None = None, pool: int | None = None,
-        shorter_than: int | None = None) -> tuple[Program, ExecutionPlan]:
+        shorter_than: int | None = None, opening: bool = False) -> tuple[Program, ExecutionPlan]:
     """(program, execution plan) for `plan`; PlanError naming the limit when none fits. `pool`
-    as in `translate` (its credits cost operations too); `shorter_than` skips the step limits
+    and `opening` as in `translate` (credits and handshakes cost operations too); `shorter_than` skips the step limits
     from that one up (a caller whose program of that many steps was too long).
 
     Steps across nodes cost the most operations (a staging copy and its nop besides the
@@ -73,7 +73,7 @@ def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits
         except PlanError as exc:
             raise PlanError(f"no threadblock length fits the MSCCL++ executor: {exc}") from None
         try:
-            return program, translate(program, topology, name, inplace, node_size, pool=pool)
+            return program, translate(program, topology, name, inplace, node_size, opening=opening, pool=pool)
         except TooManyOperations as exc:
             if exc.port and outer and outer_at + 1 < len(budgets):
                 outer_at += 1

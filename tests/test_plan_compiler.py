@@ -13,7 +13,7 @@ from hipipe_compiler.compiler import CompileOptions, Stopwatch, VerificationFail
 from hipipe_compiler.errors import PlanError
 from hipipe_compiler.msccl.runtime import Limits
 from hipipe_compiler.msccl.verify import Violation
-from hipipe_compiler.mscclpp.translate import translate
+from hipipe_compiler.mscclpp.translate import opens_handshakes, translate
 from hipipe_compiler.mscclpp.verify import verify_plan
 from hipipe_compiler.plan_compiler import compile_plans, time_plan, timed_size
 from hipipe_compiler.plan_fitting import fit
@@ -182,3 +182,27 @@ def test_a_pool_that_is_slower_or_deadlocks_is_passed_over(monkeypatch, name, ch
         assert "deadlock" in str(exc)
     monkeypatch.setattr(plan_compiler, "POOLS", (1,))
     assert plan_compiler._pooled(topo, CompileOptions(), best, 1 << 16, None, Stopwatch()) is best
+
+
+def test_a_plan_whose_handshakes_open_keeps_them_open_in_its_pools(monkeypatch):
+    """The compiler opens a connection's handshake where that is faster; its pooled variants
+    are translated the same way, or the faster opening would count against every pool."""
+    topo = preset("dgx-h100-8x2")
+    program, plain, timed, size, schedule = _fitted(topo, 2)
+    every = frozenset((tb.chan, g.id, tb.send) for g, tb in program.threadblocks() if tb.send >= 0)
+    opened = translate(program, topo, "t", opening=True, handshakes=every)
+    assert opens_handshakes(opened) and not opens_handshakes(plain)
+    asked: list[bool] = []
+    real = plan_compiler.translate
+
+    def spy(*args, **kwargs):
+        asked.append(args[5] if len(args) > 5 else kwargs.get("opening", False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_compiler, "translate", spy)
+    plan_compiler._pooled(topo, CompileOptions(), (program, opened, time_plan(opened, topo, size), size, schedule),
+                          1 << 16, None, Stopwatch())
+    assert asked and all(asked)
+    asked.clear()
+    plan_compiler._pooled(topo, CompileOptions(), (program, plain, timed, size, schedule), 1 << 16, None, Stopwatch())
+    assert asked and not any(asked)

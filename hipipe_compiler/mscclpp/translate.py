@@ -203,6 +203,12 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
                                  use_double_scratch_buffer=double))
 
 
+def opens_handshakes(plan: ExecutionPlan) -> bool:
+    """Whether a plan's connections open with their handshakes (translate's `opening`): some
+    threadblock signals before anything else, which a closing handshake or a credit never does."""
+    return any(tb.ops and tb.ops[0].name == "signal" for g in plan.gpus for tb in g.threadblocks)
+
+
 def _connections(program: Program) -> set[Conn]:
     out = set()
     for gpu, tb in program.threadblocks():

@@ -32,12 +32,14 @@ def real_steps(steps: tuple[Step, ...]) -> list[tuple[int, Step, list[tuple[int,
 class StepGraph:
     """Every real step as a node: `edges[a]` are the steps that start only after step a is done
     (a receive's step completes after its message's send). `sent` and `received` list each
-    connection's sending and receiving steps in order; `index` is a topological order's rank."""
+    connection's sending and receiving steps in order; `order` is a topological order of the
+    steps and `index` each step's place in it."""
 
     keys: tuple[tuple[int, int, int], ...]  # per node: (rank, threadblock, position)
     edges: tuple[tuple[int, ...], ...]
     sent: dict[Conn, list[int]]
     received: dict[Conn, list[int]]
+    order: tuple[int, ...]
     index: tuple[int, ...]
 
     def precedes(self, a: int, b: int) -> bool:
@@ -84,10 +86,11 @@ def step_graph(program: Program) -> StepGraph:
     for conn, senders in sent.items():
         for a, b in zip(senders, received.get(conn, ())):
             edges[a].append(b)
+    order = _topological(edges)
     index = [0] * len(edges)
-    for i, node in enumerate(_topological(edges)):
+    for i, node in enumerate(order):
         index[node] = i
-    return StepGraph(tuple(nodes), tuple(map(tuple, edges)), dict(sent), dict(received), tuple(index))
+    return StepGraph(tuple(nodes), tuple(map(tuple, edges)), dict(sent), dict(received), tuple(order), tuple(index))
 
 
 def handshake_connections(program: Program, pool: int | None = None, graph: StepGraph | None = None
@@ -106,11 +109,10 @@ def handshake_connections(program: Program, pool: int | None = None, graph: Step
     rank_of = [key[0] for key in graph.keys]
     after = [1 << r for r in rank_of]  # the ranks with a step after each step
     before = list(after)  # the ranks with a step before it
-    order = sorted(range(len(rank_of)), key=graph.index.__getitem__)
-    for node in order:
+    for node in graph.order:
         for nxt in graph.edges[node]:
             before[nxt] |= before[node]
-    for node in reversed(order):
+    for node in reversed(graph.order):
         for nxt in graph.edges[node]:
             after[node] |= after[nxt]
     return frozenset(conn for conn, reads in graph.received.items() if not all(

@@ -180,7 +180,7 @@ def translate(program: Program, topology: Topology, name: str, inplace: bool = F
         raise ValueError("a pooled plan's handshakes are its own: a pool can need more than the program's")
     pool = None if packets else pool
     graph = step_graph(program) if pool is not None else None
-    needless = needless_credits(graph, pool) if graph is not None and pool is not None else frozenset()
+    needless = needless_credits(graph, pool) if graph is not None else frozenset()
     slots = _receive_slots(program, kind, packets, ranks, pool, needless)
     sends = {key: slot for key, slot in _send_slots(program, slots).items()}
     edges = _semaphores(program, ranks)

@@ -62,7 +62,7 @@ def test_a_ring_keeps_every_credit():
 
 def chain(n: int) -> StepGraph:
     return StepGraph(tuple((0, 0, i) for i in range(n)), tuple((i + 1,) if i + 1 < n else () for i in range(n)),
-                     {}, {}, tuple(range(n)))
+                     {}, {}, tuple(range(n)), tuple(range(n)))
 
 
 def test_the_order_search_follows_edges_forward_only(monkeypatch):

@@ -59,7 +59,7 @@ def clock_type(longest: int) -> type:
     return next(t for t in (np.uint8, np.uint16, np.uint32) if longest < np.iinfo(t).max)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Cell:
     value: Value | None = None
     writer: tuple[int, int] | None = None  # (tb, clock)
@@ -117,10 +117,10 @@ class Execution:
         for g in plan.gpus:
             for s, init in enumerate(g.semaphores):
                 self.semaphores[(g.id, s)] = deque([None] * init)
+            space, base, _ = self._where(g.id, "i", 0, 1)  # where() is affine in the index
+            cells, first = self._cells(g.id, space), g.id * g.input_chunks if plan.collective == "allgather" else 0
             for u in range(g.input_chunks):
-                ident = g.id * g.input_chunks + u if plan.collective == "allgather" else u
-                space, start, _ = self._where(g.id, "i", u, 1)
-                self._cells(g.id, space)[start].value = (ident, 1, self.weight[g.id])
+                cells[base + u].value = (first + u, 1, self.weight[g.id])
 
     # -- layout -----------------------------------------------------------------------------
     def _where(self, rank: int, buf: str, index: int, size: int) -> tuple[str, int, int]:
@@ -349,40 +349,47 @@ class Execution:
         if space != "s" and not self._started(t, rank):
             self._report(t, pos, "unsynchronised-peer", f"{'writes' if write else 'reads'} {space} of rank {rank} before "
                          f"any signal from rank {rank} in this launch: its caller may still own the buffer")
+        ordered: dict[tuple[int, int], bool] = {}  # the cells of a place mostly share their last accesses
+
+        def seen(epoch: tuple[int, int]) -> bool:
+            if epoch not in ordered:
+                ordered[epoch] = self._ordered(t, epoch)
+            return ordered[epoch]
+
+        entry, mine = (t.index, t.clock, write, t.heard), (t.index, t.clock)
         for cell in self._span(place):
+            w = cell.writer
             if not record:
-                w = cell.writer
-                if w is not None and not place[4] and not self._ordered(t, w):
+                if w is not None and not place[4] and not seen(w):
                     rule = "nop-hazard" if w[0] == t.index else "unpublished-read"
                     self._report(t, pos, rule, f"a port put reads {space} of rank {rank} before the write by "
                                  f"{self._name(w[0])} is visible to it")
                 continue
             if cell.history is None:
-                cell.history = []
-            cell.history.append((t.index, t.clock, write, t.heard))
-            w = cell.writer
+                cell.history = [entry]
+            else:
+                cell.history.append(entry)
             if write:
-                if w is not None and not self._ordered(t, w):
+                if w is not None and not seen(w):
                     rule = "race" if w[0] != t.index else "nop-hazard"
                     self._report(t, pos, rule, f"writes {space} of rank {rank} while an unordered write by "
                                  f"{self._name(w[0])} may be in flight")
                 for r in cell.readers or ():
-                    if r[0] == t.index and r[1] == t.clock:
-                        continue
-                    if not self._ordered(t, r):
+                    if r != mine and not seen(r):
                         rule = "nop-hazard" if r[0] == t.index else ("slot-reuse" if space == "s" else "race")
                         self._report(t, pos, rule, f"overwrites {space} of rank {rank} before {self._name(r[0])} is "
                                      "done reading it")
-                cell.writer = (t.index, t.clock)
+                cell.writer = mine
                 cell.readers = []
             else:
-                if w is not None and not place[4] and not proxy and not self._ordered(t, w):
+                if w is not None and not place[4] and not proxy and not seen(w):
                     rule = "nop-hazard" if w[0] == t.index else "unpublished-read"
                     self._report(t, pos, rule, f"reads {space} of rank {rank} before the write by {self._name(w[0])} is "
                                  "made visible to it")
                 if cell.readers is None:
-                    cell.readers = []
-                cell.readers.append((t.index, t.clock))
+                    cell.readers = [mine]
+                else:
+                    cell.readers.append(mine)
 
     def _ordered(self, t: _Tb, epoch: tuple[int, int]) -> bool:
         other, clock = epoch
@@ -441,8 +448,12 @@ class Execution:
         rank_of = [t.rank for t in self.tbs]
         for (rank, space), cells in self.memory.items():
             end = ends.get(rank) if space != "s" else None
+            seen: set[tuple] = set()  # cells of one region share their history, and so their reports
             for cell in cells:
-                history = cell.history or ()
+                history = tuple(cell.history or ())
+                if (cell.packet, history) in seen:
+                    continue
+                seen.add((cell.packet, history))
                 if end is not None:
                     i = next((i for i, clock, _, _ in history if rank_of[i] != rank and end[i] < clock), None)
                     if i is not None:
@@ -507,9 +518,10 @@ class Execution:
         full = sum(self.weight) & MASK
         for g in plan.gpus:
             wrong = []
+            space, base, _ = self._where(g.id, "o", 0, 1)
+            cells = self._cells(g.id, space)
             for c in range(g.output_chunks):
-                space, start, _ = self._where(g.id, "o", c, 1)
-                got = self._cells(g.id, space)[start].value
+                got = cells[base + c].value
                 if plan.collective == "allreduce":
                     want = (c, n, full)
                 elif plan.collective == "reducescatter":

@@ -66,6 +66,7 @@ def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits
     if not budgets:
         raise PlanError(f"no threadblock length under {shorter_than} steps is left to try")
     inner_at, outer_at = 0, 0
+    failed: tuple[Program, TooManyOperations] | None = None
     while True:
         steps = {a: budgets[outer_at] for a in outer}
         try:
@@ -73,8 +74,11 @@ def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits
         except PlanError as exc:
             raise PlanError(f"no threadblock length fits the MSCCL++ executor: {exc}") from None
         try:
+            if failed is not None and failed[0] == program:  # a budget its threadblocks were within already
+                raise failed[1]
             return program, translate(program, topology, name, inplace, node_size, opening=opening, pool=pool)
         except TooManyOperations as exc:
+            failed = (program, exc)
             if exc.port and outer and outer_at + 1 < len(budgets):
                 outer_at += 1
             elif inner_at + 1 < len(budgets):

@@ -73,16 +73,18 @@ def fit(plan: Plan, topology: Topology, name: str, inplace: bool = False, limits
             program = lower(plan, replace(limits, max_steps=budgets[inner_at]), axis_steps=steps)
         except PlanError as exc:
             raise PlanError(f"no threadblock length fits the MSCCL++ executor: {exc}") from None
-        try:
-            if failed is not None and failed[0] == program:  # a budget its threadblocks were within already
-                raise failed[1]
-            return program, translate(program, topology, name, inplace, node_size, opening=opening, pool=pool)
-        except TooManyOperations as exc:
-            failed = (program, exc)
-            if exc.port and outer and outer_at + 1 < len(budgets):
-                outer_at += 1
-            elif inner_at + 1 < len(budgets):
-                inner_at += 1
-                outer_at = max(outer_at, inner_at)
-            else:
-                raise
+        if failed is not None and failed[0] == program:  # a budget its threadblocks were within already
+            refusal = failed[1]
+        else:
+            try:
+                return program, translate(program, topology, name, inplace, node_size, opening=opening, pool=pool)
+            except TooManyOperations as exc:
+                refusal = exc
+        failed = (program, refusal)
+        if refusal.port and outer and outer_at + 1 < len(budgets):
+            outer_at += 1
+        elif inner_at + 1 < len(budgets):
+            inner_at += 1
+            outer_at = max(outer_at, inner_at)
+        else:
+            raise refusal

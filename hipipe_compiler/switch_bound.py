@@ -25,7 +25,6 @@ import math
 from functools import lru_cache
 
 import numpy as np
-from scipy.optimize import linprog
 
 from .topology import Topology
 
@@ -87,6 +86,8 @@ def _suffix_per_byte_us(dims: tuple[_Dim, ...], nranks: int, merges: int, delive
             bounds_rhs.append(0.0)
     rows += [merge_row, deliver_row]
     bounds_rhs += [-(supernodes - 1.0) * merges, -(supernodes - 1.0) * deliveries]
+    from scipy.optimize import linprog  # half a second to import: only limits with in-switch reduction need it
+
     cost = np.zeros(width)
     cost[-1] = 1.0
     fixed = [(0, 0) if not dims[j // per_dim][2] and j % per_dim >= 2 else (0, None) for j in range(width - 1)]

@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -92,6 +94,15 @@ def test_a_legacy_directory_says_when_the_runtime_would_skip_files(tmp_path):
 def test_quiet_prints_nothing(tmp_path):
     done = run_hipipe("compile", "dgx-h100-8x2", "--size", "1MiB", "-o", tmp_path / "a.xml", "--quiet")
     assert done.returncode == 0 and done.stdout == ""
+
+
+def test_the_command_starts_without_the_libraries_only_some_commands_need():
+    """Every call of `hipipe` imports the command line; scipy (half a second) and networkx are
+    imported only by the commands that fit, solve an in-switch limit or simulate."""
+    probe = "import sys, hipipe_compiler.cli; print(sorted({m.split('.')[0] for m in sys.modules} & {'scipy', 'networkx', 'torch'}))"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_topo_shows_a_file_and_lists_presets():

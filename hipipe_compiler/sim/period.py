@@ -27,8 +27,6 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable
 
-import networkx as nx
-
 #: Longest period looked for, in iterations.
 MAX_PERIOD = 32
 #: Runs with fewer iterations gain nothing from the shortcut.
@@ -229,6 +227,8 @@ def components(sim: Any) -> tuple[dict[tuple[int, int], int], list[Any], dict[tu
     each threadblock's component, each component's first threadblock, the dependencies from
     one component to another (waiter, awaited) with the index of their pair of components, and
     those pairs."""
+    import networkx as nx  # a tenth of a second to import: commands that never simulate skip it
+
     keys = sorted(k for k, t in sim.tbs.items() if t.steps)
     graph = nx.DiGraph()
     graph.add_nodes_from(keys)

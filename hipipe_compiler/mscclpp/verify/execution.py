@@ -106,9 +106,8 @@ class Execution:
         self.weight = weights(plan.ngpus)
         self.memory: dict[tuple[int, str], list[_Cell]] = {}
         self.queues: dict[tuple[int, str, int], deque] = defaultdict(deque)
-        #: each semaphore an operation touched: the snapshots of its releases (None for its initial
-        #: count), a list rather than a deque since a plan declares hundreds per rank and each
-        #: holds one or two at a time
+        #: each semaphore's releases not yet acquired (None for its initial count): lists, not
+        #: deques, since a plan declares hundreds per rank, each holding one or two at a time
         self.semaphores: dict[tuple[int, int], list] = {}
         self.port_writes: dict[tuple[int, int], list] = defaultdict(list)
         #: (rank, first cell) of packets a proxy put -> the sender's place it reads them from
@@ -118,6 +117,8 @@ class Execution:
         self.woken: list[tuple] = []  # keys whose waiters the last operation may have unblocked
         self.reported: set[tuple] = set()
         for g in plan.gpus:
+            for s, init in enumerate(g.semaphores):
+                self.semaphores[(g.id, s)] = [None] * init
             space, base, _ = self._where(g.id, "i", 0, 1)  # where() is affine in the index
             cells, first = self._cells(g.id, space), g.id * g.input_chunks if plan.collective == "allgather" else 0
             for u in range(g.input_chunks):
@@ -186,7 +187,7 @@ class Execution:
                     return ("q", e)
         elif op.name == "sem_acquire":
             for s in op.semaphore_ids:
-                if not self._semaphore(t.rank, s):
+                if not self.semaphores[(t.rank, s)]:
                     return ("sem", t.rank, s)
         elif op.name in PACKET_OPS:
             for k, o in enumerate(op.src):
@@ -224,11 +225,11 @@ class Execution:
                 self._signal(t, op, c, relaxed=name == "rlxsignal")
         elif name == "sem_release":
             for s in op.semaphore_ids:
-                self._semaphore(t.rank, s).append(self._snapshot(t))
+                self.semaphores[(t.rank, s)].append(self._snapshot(t))
                 self.woken.append(("sem", t.rank, s))
         elif name == "sem_acquire":
             for s in op.semaphore_ids:
-                snapshot = self._semaphore(t.rank, s).pop(0)
+                snapshot = self.semaphores[(t.rank, s)].pop(0)
                 if snapshot is not None:
                     t.pending.append(snapshot)
         elif name == "barrier":
@@ -236,12 +237,6 @@ class Execution:
         elif name != "flush":
             self._data(t, op, pos)
         return None
-
-    def _semaphore(self, rank: int, s: int) -> list:
-        queue = self.semaphores.get((rank, s))
-        if queue is None:
-            queue = self.semaphores[(rank, s)] = [None] * self.plan.gpus[rank].semaphores[s]
-        return queue
 
     def _snapshot(self, t: _Tb, own: int | None = None) -> np.ndarray:
         snap = t.vc.copy()

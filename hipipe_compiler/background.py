@@ -166,6 +166,11 @@ class Background(Generic[T]):
                 send.close()
             self.running[key] = (child, receive, footprint)
 
+    def capacity(self) -> int:
+        """Bytes one piece of work could have once the running children end: what is free now,
+        and what they may still take."""
+        return available_memory() + sum(f for _c, _r, f in self.running.values())
+
     def _fits(self, footprint: int) -> bool:
         """Whether footprint bytes stay free beside all the running children may still take."""
         return available_memory() - sum(f for _c, _r, f in self.running.values()) >= footprint

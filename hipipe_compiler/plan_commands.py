@@ -8,6 +8,7 @@ import gc
 from dataclasses import replace
 from typing import Sequence
 
+from .background import available_memory
 from .collector import paused
 from .compiler import DTYPES, CompileOptions, Stopwatch
 from .console import print_json, report_violations, summary_table, verified
@@ -21,6 +22,7 @@ from .mscclpp.reader import read_plan
 from .sim.plans import time_plan
 from .msccl.verify.report import Collector
 from .mscclpp.verify import layouts_of, verify_plan
+from .mscclpp.verify.footprint import proof_footprint, room_shortfall
 from .mscclpp.verify.structure import check_structure
 from .mscclpp.writer import write_plan
 from .mscclpp.register import SYMMETRIC_MEMORY_ENV
@@ -131,6 +133,9 @@ def _read(path: str) -> ExecutionPlan:
 
 def cmd_verify_plan(args: argparse.Namespace) -> int:
     plan = _read(args.file)
+    short = room_shortfall(proof_footprint(plan), available_memory())
+    if short:
+        raise InputError(args.file, None, f"{short}; prove it on a machine with more memory")
     report = verify_plan(plan, layouts_of(plan, aliased=args.aliased))
     if args.json:
         print_json({"file": args.file, "ok": report.ok, "collective": plan.collective, "ranks": plan.ngpus,

@@ -34,6 +34,7 @@ from .mscclpp.plan import (ExecutionPlan, context_scratch_bytes, largest_message
 from .mscclpp.ordering import handshake_connections
 from .mscclpp.translate import TooManyOperations, opens_handshakes, ranks_per_node, translate
 from .mscclpp.verify import layouts_of, verify_plan
+from .mscclpp.verify.footprint import proof_footprint, room_shortfall
 from .mscclpp.writer import PlanWriter
 from .plan_fitting import fit, threadblock_budget
 from .schedule import Plan, hierarchical_plan
@@ -57,9 +58,6 @@ PIPELINE_SHAPES = ((4, 1), (8, 1), (16, 1), (32, 1), (64, 1), (16, 2), (32, 2), 
 #: Chunks times ranks above which a pipeline is not tried: the simulator's time grows with both
 #: and with how much the chunks overlap, to minutes per size at 1 GiB beyond this.
 MAX_CHUNK_RANKS = 4096
-#: The most memory proving a plan takes per operation, with room to spare (a 32-rank plan at
-#: 1 GiB takes 8 kB).
-PROOF_BYTES_PER_OP = 12 * 1024
 #: Receive slots per connection a Simple plan is tried with, in this order (translate's `pool`).
 POOLS = (2, 4)
 #: Steps per threadblock the search is run again with where its pick does not fit the
@@ -173,8 +171,11 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
 def _prove(proofs: Background[Report], plan: ExecutionPlan, aliased: bool) -> tuple[ExecutionPlan, bool]:
     """Send the plan's proof (once per proof key, whoever asks first) and return its key."""
     key = _proof_key(plan, aliased)
-    footprint = sum(1 for g in plan.gpus for tb in g.threadblocks for _op in tb.flat_ops()) * PROOF_BYTES_PER_OP
-    proofs.submit(key, partial(verify_plan, plan, layouts_of(plan, aliased=aliased)), footprint)
+    footprint = proof_footprint(plan)
+    short = room_shortfall(footprint, proofs.capacity())
+    if short:
+        raise PlanError(f"{plan.name}: {short}; compile it on a machine with more memory")
+    proofs.submit(key, partial(verify_plan, plan, layouts_of(plan, aliased=aliased)), footprint.reserve)
     return key
 
 

@@ -27,6 +27,7 @@ and every rank holding the collective's result.
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Sequence
@@ -59,17 +60,32 @@ def clock_type(longest: int) -> type:
     return next(t for t in (np.uint8, np.uint16, np.uint32) if longest < np.iinfo(t).max)
 
 
+#: A list kept newest first as (item, rest) pairs, so that the cells an access touches together
+#: share one pair for it and everything before it, where lists would copy it into each cell.
+Chain = tuple | None
+
+
+def chain_items(chain: Chain) -> list:
+    """A chain's items, oldest first."""
+    items = []
+    while chain is not None:
+        items.append(chain[0])
+        chain = chain[1]
+    items.reverse()
+    return items
+
+
 @dataclass(slots=True)
 class _Cell:
     value: Value | None = None
     writer: tuple[int, int] | None = None  # (tb, clock)
-    readers: list | None = None  # [(tb, clock)] since the last write
+    readers: Chain = None  # (tb, clock) of each read since the last write
     packet: bool = False  # written as packets in this launch
-    history: list | None = None  # every (tb, clock, write, heard) of the launch, for the next launch's order
+    history: Chain = None  # every (tb, clock, write, heard) of the launch, for the next launch's order
 
 
 class _Tb:
-    __slots__ = ("index", "rank", "id", "ops", "pc", "clock", "vc", "pending", "nop_clock", "blocked", "heard")
+    __slots__ = ("index", "rank", "id", "ops", "pc", "clock", "vc", "pending", "nop_clock", "blocked", "heard", "snapshots")
 
     def __init__(self, index: int, rank: int, tb_id: int, ops: list[tuple[int, Op]], ntbs: int) -> None:
         self.index, self.rank, self.id, self.ops = index, rank, tb_id, ops
@@ -80,6 +96,10 @@ class _Tb:
         self.nop_clock = 0
         self.blocked: str | None = None
         self.heard = 1 << rank  # the ranks it has heard from in this launch, as bits
+        #: the snapshots it gave since its last nop and not yet taken, by their own entry: read-only,
+        #: so its signals to many peers share one, where a copy each would hold a plan-wide clock
+        #: per waiting signal (weakly: a snapshot every peer has taken is not kept for nothing)
+        self.snapshots: dict[int, weakref.ref] = {}
 
     @property
     def done(self) -> bool:
@@ -206,6 +226,7 @@ class Execution:
         t.clock += 1
         t.vc[t.index] = t.clock
         if name == "nop":
+            t.snapshots.clear()
             if t.pending:
                 for snapshot in t.pending:
                     np.maximum(t.vc, snapshot, out=t.vc)
@@ -239,8 +260,14 @@ class Execution:
         return None
 
     def _snapshot(self, t: _Tb, own: int | None = None) -> np.ndarray:
-        snap = t.vc.copy()
-        snap[t.index] = t.nop_clock if own is None else own
+        """What t publishes: its clock, with its own entry at `own` (its last nop by default)."""
+        own = t.nop_clock if own is None else own
+        ref = t.snapshots.get(own)
+        snap = ref() if ref is not None else None
+        if snap is None:
+            snap = t.vc.copy()
+            snap[t.index] = own
+            t.snapshots[own] = weakref.ref(snap)
         return snap
 
     def _signal(self, t: _Tb, op: Op, local: int, relaxed: bool = False) -> None:
@@ -359,6 +386,10 @@ class Execution:
             return ordered[epoch]
 
         entry, mine = (t.index, t.clock, write, t.heard), (t.index, t.clock)
+        # a cell's chain before this access -> with it, by id (they stay alive); neighbours mostly share one
+        histories: dict[int, tuple] = {}
+        reads: dict[int, tuple] = {}
+        last = last_read = (None, None)
         for cell in self._span(place):
             w = cell.writer
             if not record:
@@ -367,31 +398,31 @@ class Execution:
                     self._report(t, pos, rule, f"a port put reads {space} of rank {rank} before the write by "
                                  f"{self._name(w[0])} is visible to it")
                 continue
-            if cell.history is None:
-                cell.history = [entry]
-            else:
-                cell.history.append(entry)
+            past = cell.history
+            if past is not last[0] or last[1] is None:
+                last = (past, histories.get(id(past)) or histories.setdefault(id(past), (entry, past)))
+            cell.history = last[1]
             if write:
                 if w is not None and not seen(w):
                     rule = "race" if w[0] != t.index else "nop-hazard"
                     self._report(t, pos, rule, f"writes {space} of rank {rank} while an unordered write by "
                                  f"{self._name(w[0])} may be in flight")
-                for r in cell.readers or ():
+                for r in chain_items(cell.readers):
                     if r != mine and not seen(r):
                         rule = "nop-hazard" if r[0] == t.index else ("slot-reuse" if space == "s" else "race")
                         self._report(t, pos, rule, f"overwrites {space} of rank {rank} before {self._name(r[0])} is "
                                      "done reading it")
                 cell.writer = mine
-                cell.readers = []
+                cell.readers = None
             else:
                 if w is not None and not place[4] and not proxy and not seen(w):
                     rule = "nop-hazard" if w[0] == t.index else "unpublished-read"
                     self._report(t, pos, rule, f"reads {space} of rank {rank} before the write by {self._name(w[0])} is "
                                  "made visible to it")
-                if cell.readers is None:
-                    cell.readers = [mine]
-                else:
-                    cell.readers.append(mine)
+                past = cell.readers
+                if past is not last_read[0] or last_read[1] is None:
+                    last_read = (past, reads.get(id(past)) or reads.setdefault(id(past), (mine, past)))
+                cell.readers = last_read[1]
 
     def _ordered(self, t: _Tb, epoch: tuple[int, int]) -> bool:
         other, clock = epoch
@@ -450,12 +481,12 @@ class Execution:
         rank_of = [t.rank for t in self.tbs]
         for (rank, space), cells in self.memory.items():
             end = ends.get(rank) if space != "s" else None
-            seen: set[tuple] = set()  # cells of one region share their history, and so their reports
+            seen: set[tuple[bool, int]] = set()  # cells of one region share their history, and so their reports
             for cell in cells:
-                history = tuple(cell.history or ())
-                if (cell.packet, history) in seen:
+                if (cell.packet, id(cell.history)) in seen:
                     continue
-                seen.add((cell.packet, history))
+                seen.add((cell.packet, id(cell.history)))
+                history = chain_items(cell.history)
                 if end is not None:
                     i = next((i for i, clock, _, _ in history if rank_of[i] != rank and end[i] < clock), None)
                     if i is not None:

@@ -2,16 +2,19 @@
 proofs by it, and a proof that cannot fit in the machine is refused at once instead of
 running out of memory after minutes.
 
-The proof (execution.py) holds two things that grow with the plan:
+The proof (execution.py) holds, besides a fixed cost per operation, three things that grow
+with the plan:
 - vector clocks: every threadblock keeps one with an entry per threadblock and per rank, and
-  each signal or semaphore release copies it until it is taken. This part grows with the
-  square of the threadblock count, and dominates from about 1,000 ranks;
-- cells: one per chunk of every buffer, each with the accesses of the launch.
+  signals and semaphore releases hold snapshots of it until they are taken. This part grows
+  with the square of the threadblock count;
+- cells: one per chunk of every buffer, each with the accesses of the launch;
+- per operation, a part that grows with the rank count: the measurements need it from 512
+  ranks up, and it is fitted rather than derived.
 
-The coefficients are fitted to proofs measured with tracemalloc: HiPIPE plans of 32-256 ranks
-at 256 KiB and 64 MiB, and a hierarchical plan of 256 ranks at 1 GiB. The estimate is within
-20 % of each; the hierarchical plan, which keeps the most clock copies in flight, is the one it
-undershoots most.
+The coefficients are fitted to the peak memory of proofs of HiPIPE plans of 32 to 1,024 ranks
+(`pod-8x4x8x4` and smaller pods, 256 KiB and 64 MiB) and of a hierarchical plan of 256 ranks at
+1 GiB. The estimate comes to 0.9-1.45 times each measured peak: over on the small plans, whose
+fixed costs vary, and 7 % under on the 1,024-rank proof, the largest.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import numpy as np
 from ..plan import ExecutionPlan
 from .execution import clock_type
 
-#: Bytes per clock entry kept alive, per cell and per operation run (fitted; see above).
-PER_CLOCK_ENTRY, PER_CELL, PER_OP = 1.0, 225, 400
+#: Bytes per clock entry kept alive, per cell, per operation, and per operation and rank (fitted).
+PER_CLOCK_ENTRY, PER_CELL, PER_OP, PER_OP_RANK = 1.0, 80, 300, 2
 #: The estimate times this bounds every measured proof: what a scheduler reserves.
 ENVELOPE = 1.3
 
@@ -50,7 +53,7 @@ def proof_footprint(plan: ExecutionPlan) -> Footprint:
     width = np.dtype(clock_type(max(lengths, default=0))).itemsize
     cells = sum(g.input_chunks + g.output_chunks + g.scratch_chunks * (2 if plan.packets else 1) for g in plan.gpus)
     clocks = tbs * (tbs + plan.ngpus) * width
-    return Footprint(tbs, int(PER_CLOCK_ENTRY * clocks + PER_CELL * cells + PER_OP * ops))
+    return Footprint(tbs, int(PER_CLOCK_ENTRY * clocks + PER_CELL * cells + (PER_OP + PER_OP_RANK * plan.ngpus) * ops))
 
 
 def room_shortfall(footprint: Footprint, free: int) -> str | None:

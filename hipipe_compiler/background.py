@@ -168,7 +168,7 @@ class Background(Generic[T]):
 
     def capacity(self) -> int:
         """Bytes one piece of work could have once the running children end: what is free now,
-        and what they may still take."""
+        and what they reserved (some of which they already hold, so this errs high)."""
         return available_memory() + sum(f for _c, _r, f in self.running.values())
 
     def _fits(self, footprint: int) -> bool:

@@ -65,6 +65,10 @@ POOLS = (2, 4)
 REFIT_STEPS = 8
 
 
+class ProofTooLarge(PlanError):
+    """A plan whose proof would take more memory than the machine has available."""
+
+
 @dataclass(frozen=True)
 class CompiledPlans:
     """One size window: the program the plans were translated from, a plan per buffer mode,
@@ -155,6 +159,8 @@ def compile_plans(topology: Topology, options: CompileOptions, min_bytes: int, m
                 break
         try:
             out = _parts(topology, options, windows, bests, served, fallbacks, max_scratch, watch, proofs, owners)
+        except ProofTooLarge:  # at once: the proofs sent so far would not change it
+            raise
         except Exception:  # a broken plan met later (a simulation, a part) gets the verifier's report first
             _first_failure(proofs, owners, watch)
             raise
@@ -174,7 +180,7 @@ def _prove(proofs: Background[Report], plan: ExecutionPlan, aliased: bool) -> tu
     footprint = proof_footprint(plan)
     short = room_shortfall(footprint, proofs.capacity())
     if short:
-        raise PlanError(f"{plan.name}: {short}; compile it on a machine with more memory")
+        raise ProofTooLarge(f"{plan.name}: {short}; compile it on a machine with more memory")
     proofs.submit(key, partial(verify_plan, plan, layouts_of(plan, aliased=aliased)), footprint.reserve)
     return key
 

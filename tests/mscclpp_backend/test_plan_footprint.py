@@ -10,12 +10,15 @@ import pytest
 from hipipe_compiler import background, cli, plan_commands
 from hipipe_compiler.compiler import CompileOptions
 from hipipe_compiler.mscclpp.reader import read_plan
+from hipipe_compiler.mscclpp.writer import save_plan
 from hipipe_compiler.mscclpp.verify import verify_plan
 from hipipe_compiler.mscclpp.verify.footprint import ENVELOPE, proof_footprint, room_shortfall
 from hipipe_compiler.plan_compiler import compile_plans
 from hipipe_compiler.plan_fitting import fit
 from hipipe_compiler.presets import preset
 from hipipe_compiler.schedule import hierarchical_plan
+
+from plan_mutations import _too_many_ops
 
 
 def _searched(topology: str, size: int):
@@ -54,7 +57,7 @@ def test_the_shortfall_names_the_memory_and_what_drives_it():
     one = proof_footprint(plan)
     assert room_shortfall(one, one.estimate) is None
     why = room_shortfall(one, one.estimate - 1)
-    assert why and f"{one.threadblocks:,} threadblocks" in why and " MB of memory" in why
+    assert why and f"{one.threadblocks:,} threadblocks take" in why and " MB of memory" in why
     assert one.reserve == int(one.estimate * ENVELOPE)
 
 
@@ -70,6 +73,11 @@ def test_verify_refuses_a_plan_this_machine_cannot_prove(tmp_path, monkeypatch, 
     assert "more memory" in err
     monkeypatch.setattr(plan_commands, "available_memory", lambda: proof_footprint(read_plan(path)).estimate)
     assert cli.main(["verify", str(path)]) == 0
+    capsys.readouterr()
+    save_plan(_too_many_ops(read_plan(path)), path)  # broken in structure: that report takes no memory to find
+    monkeypatch.setattr(plan_commands, "available_memory", lambda: 1000)
+    assert cli.main(["verify", str(path)]) == 1
+    assert "operations" in capsys.readouterr().out
 
 
 def test_compile_refuses_before_a_proof_that_cannot_fit_and_writes_nothing(tmp_path, monkeypatch, capsys):

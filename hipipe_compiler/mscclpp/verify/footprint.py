@@ -2,19 +2,18 @@
 proofs by it, and a proof that cannot fit in the machine is refused at once instead of
 running out of memory after minutes.
 
-The proof (execution.py) holds, besides a fixed cost per operation, three things that grow
-with the plan:
-- vector clocks: every threadblock keeps one with an entry per threadblock and per rank, and
-  signals and semaphore releases hold snapshots of it until they are taken. This part grows
-  with the square of the threadblock count;
+The proof (execution.py) holds, besides a fixed cost per operation:
+- vector clocks: every threadblock keeps one with threadblocks + ranks entries;
 - cells: one per chunk of every buffer, each with the accesses of the launch;
-- per operation, a part that grows with the rank count: the measurements need it from 512
-  ranks up, and it is fitted rather than derived.
+- the clock snapshots that signals and semaphore releases hold until their taker's next nop,
+  and a part per operation that grows with the rank count. Neither is derived: one fitted term
+  per operation and rank stands for both, which the measurements need from 512 ranks up.
 
-The coefficients are fitted to the peak memory of proofs of HiPIPE plans of 32 to 1,024 ranks
-(`pod-8x4x8x4` and smaller pods, 256 KiB and 64 MiB) and of a hierarchical plan of 256 ranks at
-1 GiB. The estimate comes to 0.9-1.45 times each measured peak: over on the small plans, whose
-fixed costs vary, and 7 % under on the 1,024-rank proof, the largest.
+The coefficients are fitted to the peak memory of proofs of the plans that `hipipe compile
+--backend mscclpp --size` emits for pods of 64 to 1,024 ranks at 64 MiB (HiPIPE up to 512, and
+the hierarchical plan on `pod-8x4x8x4`, where the search's pick does not fit the executor), of a
+32-rank HiPIPE plan at 256 KiB and of a 256-rank hierarchical plan at 1 GiB. The estimate comes
+to 0.9-1.45 times each measured peak, and 0.93 times the largest, the 1,024-rank proof.
 """
 
 from __future__ import annotations
@@ -38,6 +37,7 @@ class Footprint:
 
     threadblocks: int
     estimate: int
+    clocks: int = 0  # of which the threadblocks' own clocks
 
     @property
     def reserve(self) -> int:
@@ -53,15 +53,18 @@ def proof_footprint(plan: ExecutionPlan) -> Footprint:
     width = np.dtype(clock_type(max(lengths, default=0))).itemsize
     cells = sum(g.input_chunks + g.output_chunks + g.scratch_chunks * (2 if plan.packets else 1) for g in plan.gpus)
     clocks = tbs * (tbs + plan.ngpus) * width
-    return Footprint(tbs, int(PER_CLOCK_ENTRY * clocks + PER_CELL * cells + (PER_OP + PER_OP_RANK * plan.ngpus) * ops))
+    clocks = int(PER_CLOCK_ENTRY * clocks)
+    return Footprint(tbs, clocks + int(PER_CELL * cells + (PER_OP + PER_OP_RANK * plan.ngpus) * ops), clocks)
 
 
-def room_shortfall(footprint: Footprint, free: int) -> str | None:
-    """Why a machine with `free` bytes cannot prove the plan, or None where it can."""
-    if footprint.estimate <= free:
+def room_shortfall(footprint: Footprint, available: int) -> str | None:
+    """Why `available` bytes cannot prove the plan, or None where they may. It goes by the
+    estimate, not the reserve: a proof is refused only where it would very likely not fit."""
+    if footprint.estimate <= available:
         return None
-    return (f"proving it takes about {_size(footprint.estimate)} of memory and {_size(max(free, 0))} are free "
-            f"(each of its {footprint.threadblocks:,} threadblocks keeps a vector clock with an entry per threadblock)")
+    return (f"proving it takes about {_size(footprint.estimate)} of memory and at most {_size(max(available, 0))} "
+            f"are available (the vector clocks of its {footprint.threadblocks:,} threadblocks take "
+            f"{_size(footprint.clocks)}, its cells and operations the rest)")
 
 
 def _size(nbytes: int) -> str:

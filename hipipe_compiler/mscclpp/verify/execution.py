@@ -96,9 +96,9 @@ class _Tb:
         self.nop_clock = 0
         self.blocked: str | None = None
         self.heard = 1 << rank  # the ranks it has heard from in this launch, as bits
-        #: the snapshots it gave since its last nop and not yet taken, by their own entry: read-only,
-        #: so its signals to many peers share one, where a copy each would hold a plan-wide clock
-        #: per waiting signal (weakly: a snapshot every peer has taken is not kept for nothing)
+        #: the snapshots it gave since its last nop, by their own entry, while something may still
+        #: hold them (weakly): read-only, so its signals to many peers share one, where a copy each
+        #: would hold a plan-wide clock per waiting signal
         self.snapshots: dict[int, weakref.ref] = {}
 
     @property

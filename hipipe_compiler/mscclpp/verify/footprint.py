@@ -52,8 +52,7 @@ def proof_footprint(plan: ExecutionPlan) -> Footprint:
     tbs, ops = len(lengths), sum(lengths)
     width = np.dtype(clock_type(max(lengths, default=0))).itemsize
     cells = sum(g.input_chunks + g.output_chunks + g.scratch_chunks * (2 if plan.packets else 1) for g in plan.gpus)
-    clocks = tbs * (tbs + plan.ngpus) * width
-    clocks = int(PER_CLOCK_ENTRY * clocks)
+    clocks = int(PER_CLOCK_ENTRY * tbs * (tbs + plan.ngpus) * width)
     return Footprint(tbs, clocks + int(PER_CELL * cells + (PER_OP + PER_OP_RANK * plan.ngpus) * ops), clocks)
 
 

@@ -169,11 +169,14 @@ class Background(Generic[T]):
     def capacity(self) -> int:
         """Bytes one piece of work could have once the running children end: what is free now,
         and what they reserved (some of which they already hold, so this errs high)."""
-        return available_memory() + sum(f for _c, _r, f in self.running.values())
+        return available_memory() + self._reserved()
 
     def _fits(self, footprint: int) -> bool:
         """Whether footprint bytes stay free beside all the running children may still take."""
-        return available_memory() - sum(f for _c, _r, f in self.running.values()) >= footprint
+        return available_memory() - self._reserved() >= footprint
+
+    def _reserved(self) -> int:
+        return sum(f for _c, _r, f in self.running.values())
 
     def _collect(self, key: Hashable) -> None:
         child, receive, _footprint = self.running.pop(key)

@@ -20,10 +20,9 @@ from .optimizer.workers import default_jobs
 from .mscclpp.plan import ExecutionPlan
 from .mscclpp.reader import read_plan
 from .sim.plans import time_plan
-from .msccl.verify.report import Collector, Report
+from .msccl.verify.report import Collector
 from .mscclpp.verify import layouts_of, verify_plan
-from .mscclpp.verify.verifier import CHECKS
-from .mscclpp.verify.footprint import proof_footprint, room_shortfall
+from .mscclpp.verify.footprint import ProofTooLarge
 from .mscclpp.verify.structure import check_structure
 from .mscclpp.writer import write_plan
 from .mscclpp.register import SYMMETRIC_MEMORY_ENV
@@ -134,14 +133,10 @@ def _read(path: str) -> ExecutionPlan:
 
 def cmd_verify_plan(args: argparse.Namespace) -> int:
     plan = _read(args.file)
-    short = room_shortfall(proof_footprint(plan), available_memory())
-    if short:  # a plan broken in structure gets its report, which takes no memory to find
-        found = Collector(200)
-        if check_structure(plan, found):
-            raise InputError(args.file, None, f"{short}; prove it on a machine with more memory")
-        report = Report(tuple(found.items), CHECKS)
-    else:
-        report = verify_plan(plan, layouts_of(plan, aliased=args.aliased))
+    try:
+        report = verify_plan(plan, layouts_of(plan, aliased=args.aliased), available=available_memory())
+    except ProofTooLarge as e:
+        raise InputError(args.file, None, f"{e}; prove it on a machine with more memory") from None
     if args.json:
         print_json({"file": args.file, "ok": report.ok, "collective": plan.collective, "ranks": plan.ngpus,
                     "format": "mscclpp", "checked": list(report.checked),

@@ -34,7 +34,7 @@ from .mscclpp.plan import (ExecutionPlan, context_scratch_bytes, largest_message
 from .mscclpp.ordering import handshake_connections
 from .mscclpp.translate import TooManyOperations, opens_handshakes, ranks_per_node, translate
 from .mscclpp.verify import layouts_of, verify_plan
-from .mscclpp.verify.footprint import proof_footprint, room_shortfall
+from .mscclpp.verify.footprint import ProofTooLarge, proof_footprint, room_shortfall
 from .mscclpp.writer import PlanWriter
 from .plan_fitting import fit, threadblock_budget
 from .schedule import Plan, hierarchical_plan
@@ -63,10 +63,6 @@ POOLS = (2, 4)
 #: Steps per threadblock the search is run again with where its pick does not fit the
 #: executor: a step becomes three to nine operations, and a threadblock runs at most 64.
 REFIT_STEPS = 8
-
-
-class ProofTooLarge(PlanError):
-    """A plan whose proof would take more memory than the machine has available."""
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import PlanError
 from ..plan import ExecutionPlan
 from .execution import clock_type
 
@@ -37,7 +38,7 @@ class Footprint:
 
     threadblocks: int
     estimate: int
-    clocks: int = 0  # of which the threadblocks' own clocks
+    clocks: int  # of which the threadblocks' own clocks
 
     @property
     def reserve(self) -> int:
@@ -47,13 +48,16 @@ class Footprint:
 
 def proof_footprint(plan: ExecutionPlan) -> Footprint:
     """The memory `verify_plan` takes for one buffer layout (layouts run one after another)."""
-    lengths = [sum(len(op.ops) if op.name == "pipeline" else 1 for op in tb.ops)
-               for g in plan.gpus for tb in g.threadblocks]
+    lengths = [sum(1 for _ in tb.flat_ops()) for g in plan.gpus for tb in g.threadblocks]
     tbs, ops = len(lengths), sum(lengths)
     width = np.dtype(clock_type(max(lengths, default=0))).itemsize
     cells = sum(g.input_chunks + g.output_chunks + g.scratch_chunks * (2 if plan.packets else 1) for g in plan.gpus)
     clocks = int(PER_CLOCK_ENTRY * tbs * (tbs + plan.ngpus) * width)
     return Footprint(tbs, clocks + int(PER_CELL * cells + (PER_OP + PER_OP_RANK * plan.ngpus) * ops), clocks)
+
+
+class ProofTooLarge(PlanError):
+    """A plan whose proof would take more memory than is available; the message says how much."""
 
 
 def room_shortfall(footprint: Footprint, available: int) -> str | None:

@@ -19,6 +19,7 @@ from ...msccl.verify.report import Collector, Report
 from ..memory import LAYOUTS
 from ..plan import ExecutionPlan
 from .execution import execute
+from .footprint import ProofTooLarge, proof_footprint, room_shortfall
 from .structure import check_structure
 
 CHECKS = ("structure", "limits", "channel pairing", "visibility", "races", "slot reuse", "balance", "deadlock freedom",
@@ -33,11 +34,17 @@ def layouts_of(plan: ExecutionPlan, aliased: bool = False) -> tuple[str, ...]:
     return ("separate", "nccl") if aliased and plan.collective == "reducescatter" else ("separate",)
 
 
-def verify_plan(plan: ExecutionPlan, layouts: Sequence[str] | None = None, max_violations: int = 200) -> Report:
-    """Check every rule; a Report with `ok` True is a proof for the modelled executor."""
+def verify_plan(plan: ExecutionPlan, layouts: Sequence[str] | None = None, max_violations: int = 200,
+                available: int | None = None) -> Report:
+    """Check every rule; a Report with `ok` True is a proof for the modelled executor. Given the
+    bytes `available`, a plan sound in structure whose proof would need more raises ProofTooLarge
+    before the proof starts."""
     out = Collector(max_violations)
     with paused():
         if check_structure(plan, out):
+            short = None if available is None else room_shortfall(proof_footprint(plan), available)
+            if short:
+                raise ProofTooLarge(short)
             for layout in layouts or layouts_of(plan):
                 if layout not in LAYOUTS:
                     raise ValueError(f"unknown layout {layout!r}")
